@@ -1,0 +1,1 @@
+"""Speed, memory and quality studies; results are written under ``benchmarks/results/``."""

@@ -1,0 +1,120 @@
+"""What every benchmark shares: timing, peak memory, provenance and the three result files.
+
+Each benchmark writes ``results/<name>.csv`` (every row carries the machine, torch version and
+commit), ``results/<name>.md`` (a Markdown table) and, where a picture helps, ``results/<name>.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def provenance() -> dict[str, str]:
+    """Machine, torch version and git commit, stamped on every CSV row."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+        commit += "-dirty" if dirty else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    if torch.cuda.is_available():
+        machine = torch.cuda.get_device_name(0)
+    else:
+        machine = f"{platform.machine()} cpu x{os.cpu_count()} threads={torch.get_num_threads()}"
+    return {"machine": machine, "torch": torch.__version__, "commit": commit}
+
+
+def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> tuple[float, list]:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+
+    Synchronises CUDA around each run. Returns ``(median, all_times)``.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def peak_rss_bytes() -> int:
+    """This process' peak resident set size so far (``ru_maxrss``), in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def write_results(
+    name: str,
+    rows: Sequence[dict[str, Any]],
+    *,
+    title: str,
+    notes: str = "",
+    columns: Sequence[str] | None = None,
+) -> Path:
+    """Writes ``results/<name>.csv`` (with provenance on every row) and ``results/<name>.md``.
+
+    Args:
+        name: file stem.
+        rows: one dict per measurement; keys are columns.
+        title: the Markdown heading.
+        notes: Markdown text placed under the table (setup, targets, how to reproduce).
+        columns: the Markdown table's columns, in order (default: every key of the first row).
+
+    Returns:
+        The path of the Markdown file.
+    """
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    prov = provenance()
+    full_rows = [{**row, **prov} for row in rows]
+    csv_path = RESULTS_DIR / f"{name}.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(full_rows[0]))
+        writer.writeheader()
+        writer.writerows(full_rows)
+    columns = list(columns or rows[0])
+    lines = [f"# {title}", "", "| " + " | ".join(columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
+    lines += ["", f"Machine: {prov['machine']}; torch {prov['torch']}; commit {prov['commit']}."]
+    if notes:
+        lines += ["", notes.strip()]
+    md_path = RESULTS_DIR / f"{name}.md"
+    md_path.write_text("\n".join(lines) + "\n")
+    return md_path
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

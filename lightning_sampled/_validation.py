@@ -1,0 +1,71 @@
+"""Argument and input checks shared by heads, samplers and metrics.
+
+Every check raises ``ValueError`` (``IndexError`` for class ids) whose message names the argument
+and the offending value, so that bad input never turns into a silently wrong number.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_positive_int(name: str, value: int) -> int:
+    """Returns ``value`` if it is an ``int`` >= 1, else raises ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_padding_idx(padding_idx: int | None, num_classes: int) -> int | None:
+    """Returns ``padding_idx`` if it is ``None`` or a class id in ``[0, num_classes)``."""
+    if padding_idx is None:
+        return None
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+        raise ValueError(f"padding_idx must be an int or None, got {padding_idx!r}")
+    if not 0 <= padding_idx < num_classes:
+        raise ValueError(f"padding_idx must be in [0, {num_classes}), got {padding_idx}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2 when padding_idx is set, got {num_classes}")
+    return padding_idx
+
+
+def check_finite(name: str, x: Tensor) -> None:
+    """Raises ``ValueError`` if ``x`` holds NaN or infinite entries."""
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
+        raise ValueError(f"{name} contains {bad} values (shape {tuple(x.shape)})")
+
+
+def check_class_ids(
+    name: str,
+    ids: Tensor,
+    num_classes: int,
+    *,
+    ignore_index: int | None = None,
+    padding_idx: int | None = None,
+) -> None:
+    """Checks that ``ids`` is an integer tensor of ids in ``[0, num_classes)``.
+
+    Entries equal to ``ignore_index`` are allowed; entries equal to ``padding_idx`` are not (the
+    padding class is never a valid target: mark such positions with ``ignore_index``).
+
+    Raises:
+        ValueError: if ``ids`` is not an integer tensor.
+        IndexError: if an id is out of range or is the padding class.
+    """
+    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+        raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+    valid = ids if ignore_index is None else ids[ids != ignore_index]
+    if valid.numel() == 0:
+        return
+    lo, hi = int(valid.min()), int(valid.max())
+    if lo < 0 or hi >= num_classes:
+        bad = lo if lo < 0 else hi
+        extra = "" if ignore_index is None else f" (or ignore_index={ignore_index})"
+        raise IndexError(f"{name} must be in [0, {num_classes}){extra}, got {bad}")
+    if padding_idx is not None and bool((valid == padding_idx).any()):
+        raise IndexError(
+            f"{name} contains padding_idx={padding_idx}, which is never predicted; "
+            f"mark padded positions with ignore_index instead"
+        )

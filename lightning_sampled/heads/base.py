@@ -1,0 +1,189 @@
+"""``OutputHead``: the class table and the exact methods every head shares."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_class_ids, check_finite, check_padding_idx, check_positive_int
+from .chunked import chunk_logits, chunked_nll, chunked_topk, class_chunks, compute_dtype
+
+
+class OutputHead(nn.Module):
+    """Base of all heads: a class table ``[N, D]`` (owned or tied), an optional bias, and exact
+    chunked scoring.
+
+    Subclasses define ``forward(z, target)``, the scalar training objective (sampled for sampled
+    heads). The exact methods below never hold more than ``[T, chunk_size]`` logits unless the
+    caller asks for :meth:`logits`.
+
+    Args:
+        num_classes: ``N``.
+        dim: ``D``, the size of the query vectors ``z``.
+        weight: an existing ``[N, D]`` ``nn.Parameter`` to tie to (e.g. SASRec's item embedding);
+            a new one is created when ``None``.
+        bias: whether to learn a per-class bias.
+        padding_idx: a class that is never sampled nor predicted (its logit is ``-inf``).
+        ignore_index: target value of positions to skip.
+        chunk_size: classes per chunk in the exact methods.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        *,
+        weight: nn.Parameter | None = None,
+        bias: bool = False,
+        padding_idx: int | None = None,
+        ignore_index: int = -100,
+        chunk_size: int = 8192,
+    ) -> None:
+        super().__init__()
+        self.num_classes = check_positive_int("num_classes", num_classes)
+        self.dim = check_positive_int("dim", dim)
+        self.padding_idx = check_padding_idx(padding_idx, num_classes)
+        self.ignore_index = int(ignore_index)
+        if 0 <= self.ignore_index < num_classes:
+            raise ValueError(
+                f"ignore_index must not be a valid class id in [0, {num_classes}), "
+                f"got {ignore_index}; use padding_idx for a padding class"
+            )
+        self.chunk_size = check_positive_int("chunk_size", chunk_size)
+        if weight is None:
+            weight = nn.Parameter(torch.empty(num_classes, dim))
+            nn.init.uniform_(weight, -1.0 / math.sqrt(dim), 1.0 / math.sqrt(dim))
+        elif not isinstance(weight, nn.Parameter):
+            raise ValueError(
+                f"weight must be an nn.Parameter to tie to, got {type(weight).__name__}"
+            )
+        elif tuple(weight.shape) != (num_classes, dim):
+            raise ValueError(
+                f"weight must have shape ({num_classes}, {dim}), got {tuple(weight.shape)}"
+            )
+        self.weight = weight
+        self.bias = nn.Parameter(torch.zeros(num_classes)) if bias else None
+
+    # -- input handling -------------------------------------------------------------------------
+
+    def _check_z(self, z: Tensor) -> None:
+        if z.dim() < 1 or z.shape[-1] != self.dim:
+            raise ValueError(
+                f"z must have shape [..., {self.dim}] to match the class table "
+                f"[{self.num_classes}, {self.dim}], got {tuple(z.shape)}"
+            )
+        check_finite("z", z)
+
+    def _check_k(self, k: int) -> None:
+        check_positive_int("k", k)
+        if k > self.num_classes:
+            raise ValueError(f"k must be <= num_classes={self.num_classes}, got {k}")
+
+    def _valid_rows(self, z: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Validates ``z`` ``[..., D]`` and ``target`` ``[...]`` and keeps the scored positions.
+
+        Returns:
+            ``(z_valid [T, D], target_valid [T], mask [...])`` where ``mask`` marks the positions
+            whose target is not ``ignore_index``.
+        """
+        self._check_z(z)
+        if tuple(target.shape) != tuple(z.shape[:-1]):
+            raise ValueError(
+                f"target must have shape {tuple(z.shape[:-1])} (z without its last dim), "
+                f"got {tuple(target.shape)}"
+            )
+        check_class_ids(
+            "target",
+            target,
+            self.num_classes,
+            ignore_index=self.ignore_index,
+            padding_idx=self.padding_idx,
+        )
+        mask = target != self.ignore_index
+        return z[mask], target[mask].long(), mask
+
+    def class_rows(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Gathers class vectors ``[*ids.shape, D]`` and biases ``[*ids.shape]`` (or ``None``).
+
+        The one place where heads read rows of the class table.
+        """
+        rows = self.weight[ids]
+        return rows, None if self.bias is None else self.bias[ids]
+
+    # -- exact methods ----------------------------------------------------------------------------
+
+    def logits(self, z: Tensor) -> Tensor:
+        """Exact fp32 logits ``[..., N]`` of queries ``z`` ``[..., D]`` (padding class ``-inf``).
+
+        Materialises ``[..., N]``: prefer :meth:`topk` or :meth:`log_prob` at large ``N``.
+        """
+        self._check_z(z)
+        flat = z.reshape(-1, self.dim)
+        dtype = compute_dtype(flat)
+        parts = [
+            chunk_logits(flat, self.weight, self.bias, start, end, self.padding_idx, dtype)
+            for start, end in class_chunks(self.num_classes, self.chunk_size)
+        ]
+        return torch.cat(parts, dim=1).reshape(*z.shape[:-1], self.num_classes)
+
+    def log_prob(self, z: Tensor, target: Tensor) -> Tensor:
+        """Exact ``log softmax(z W^T + b)[target]``, fp32 ``[...]``, differentiable.
+
+        Positions whose target is ``ignore_index`` get ``0``.
+        """
+        z_valid, y, mask = self._valid_rows(z, target)
+        out = torch.zeros(target.shape, device=z.device, dtype=torch.float32)
+        if y.numel():
+            nll = chunked_nll(z_valid, self.weight, self.bias, y, self.chunk_size, self.padding_idx)
+            out = out.masked_scatter(mask, -nll)
+        return out
+
+    def full_loss(self, z: Tensor, target: Tensor) -> Tensor:
+        """Mean exact negative log-likelihood over the positions not ``ignore_index``.
+
+        Returns a differentiable scalar; ``0`` (still attached to the graph) if every position is
+        ignored, where ``F.cross_entropy`` would return NaN.
+        """
+        z_valid, y, _ = self._valid_rows(z, target)
+        if y.numel() == 0:
+            return z.sum() * 0.0
+        nll = chunked_nll(z_valid, self.weight, self.bias, y, self.chunk_size, self.padding_idx)
+        return nll.mean()
+
+    @torch.no_grad()
+    def topk(self, z: Tensor, k: int, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Exact top-``k`` classes of each query, in class chunks.
+
+        Args:
+            z: ``[..., D]`` queries.
+            k: how many classes, ``1 <= k <= N``.
+            exclude: optional long ``[..., E]`` class ids to skip for each query (e.g. a user's
+                already-seen items); negative entries are padding and ignored.
+
+        Returns:
+            ``(values, indices)``: fp32 logits ``[..., k]`` and long class ids ``[..., k]`` in
+            decreasing order. Fewer than ``k`` scorable classes leave ``-inf`` values at the end.
+        """
+        self._check_z(z)
+        self._check_k(k)
+        flat = z.reshape(-1, self.dim)
+        if exclude is not None:
+            if tuple(exclude.shape[:-1]) != tuple(z.shape[:-1]):
+                raise ValueError(
+                    f"exclude must have shape {tuple(z.shape[:-1])} + (E,), "
+                    f"got {tuple(exclude.shape)}"
+                )
+            exclude = exclude.reshape(flat.shape[0], -1).long()
+            check_class_ids("exclude", exclude[exclude >= 0], self.num_classes)
+        values, indices = chunked_topk(
+            flat, self.weight, self.bias, k, self.chunk_size, self.padding_idx, exclude
+        )
+        return values.reshape(*z.shape[:-1], k), indices.reshape(*z.shape[:-1], k)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_classes={self.num_classes}, dim={self.dim}, bias={self.bias is not None}, "
+            f"padding_idx={self.padding_idx}, ignore_index={self.ignore_index}"
+        )

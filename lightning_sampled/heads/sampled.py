@@ -1,0 +1,131 @@
+"""``SampledSoftmaxHead``: softmax over the positive and ``M`` sampled negatives, logQ-corrected."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_positive_int
+from ..samplers import Sampler, UniformSampler
+from .base import OutputHead
+
+
+class SampledSoftmaxHead(OutputHead):
+    """Sampled softmax with the correction of DESIGN.md.
+
+    For each query, ``M`` negatives are drawn from the sampler with replacement; every logit, the
+    positive's included, is corrected to ``o_i - log(M * q_i)`` (TensorFlow's ``subtract_log_q``),
+    and the loss is the cross-entropy of the positive among the ``1 + M`` corrected logits. Without
+    accidental-hit removal the gradient tends to the full-softmax gradient as ``M`` grows; with it
+    (the default), draws equal to the target get ``-inf``, which drops the target's own share
+    ``p_y`` from the estimated normaliser.
+
+    Args:
+        num_classes: ``N``.
+        dim: ``D``.
+        sampler: the proposal; a :class:`UniformSampler` over the head's classes when ``None``.
+            Its ``num_classes`` and ``padding_idx`` must match the head's.
+        num_negatives: ``M``, draws per query (or per batch when shared).
+        shared_negatives: one set of ``M`` negatives for the whole batch (TensorFlow style: one
+            ``[M, D]`` gather) instead of ``M`` per query (the MIDX paper's style, ``[T, M, D]``).
+            Needs a query-independent sampler.
+        remove_accidental_hits: give ``-inf`` to negatives equal to the query's target.
+        **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size`` of
+            :class:`OutputHead`.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        sampler: Sampler | None = None,
+        num_negatives: int = 100,
+        *,
+        shared_negatives: bool = False,
+        remove_accidental_hits: bool = True,
+        weight: nn.Parameter | None = None,
+        bias: bool = False,
+        padding_idx: int | None = None,
+        ignore_index: int = -100,
+        chunk_size: int = 8192,
+    ) -> None:
+        super().__init__(
+            num_classes,
+            dim,
+            weight=weight,
+            bias=bias,
+            padding_idx=padding_idx,
+            ignore_index=ignore_index,
+            chunk_size=chunk_size,
+        )
+        if sampler is None:
+            sampler = UniformSampler(num_classes, padding_idx=padding_idx)
+        if not isinstance(sampler, Sampler):
+            raise ValueError(f"sampler must be a Sampler, got {type(sampler).__name__}")
+        if sampler.num_classes != num_classes:
+            raise ValueError(
+                f"sampler.num_classes={sampler.num_classes} does not match num_classes={num_classes}"
+            )
+        if sampler.padding_idx != self.padding_idx:
+            raise ValueError(
+                f"sampler.padding_idx={sampler.padding_idx} does not match "
+                f"padding_idx={self.padding_idx}"
+            )
+        if shared_negatives and not sampler.query_independent:
+            raise ValueError(
+                f"shared_negatives=True needs a query-independent sampler, "
+                f"got {type(sampler).__name__}"
+            )
+        self.sampler = sampler
+        self.num_negatives = check_positive_int("num_negatives", num_negatives)
+        self.shared_negatives = bool(shared_negatives)
+        self.remove_accidental_hits = bool(remove_accidental_hits)
+
+    def refresh_index(self) -> None:
+        """Rebuilds the sampler's index from the current class table (no-op for static ones)."""
+        self.sampler.refresh(self.weight.detach())
+
+    def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
+        """Corrected logits ``[T, 1 + M]`` of the scored positions: column 0 is the positive.
+
+        Args:
+            z: ``[T, D]`` valid queries.
+            target: long ``[T]`` their targets.
+        """
+        m = self.num_negatives
+        with torch.no_grad():
+            draw = self.sampler.sample(z.detach(), m, shared=self.shared_negatives)
+            pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])[:, 0]
+        pos_rows, pos_bias = self.class_rows(target)
+        neg_rows, neg_bias = self.class_rows(draw.ids)
+        pos = (z * pos_rows).sum(-1).float()
+        if self.shared_negatives:
+            neg = (z @ neg_rows.T).float()
+        else:
+            neg = torch.bmm(neg_rows, z[:, :, None]).squeeze(-1).float()
+        if pos_bias is not None:
+            pos, neg = pos + pos_bias.float(), neg + neg_bias.float()
+        log_m = math.log(m)
+        pos = pos - (log_m + pos_log_q)
+        neg = neg - (log_m + draw.log_q)
+        if self.remove_accidental_hits:
+            ids = draw.ids if not self.shared_negatives else draw.ids.expand(z.shape[0], -1)
+            neg = neg.masked_fill(ids == target[:, None], -math.inf)
+        return torch.cat([pos[:, None], neg], dim=1)
+
+    def forward(self, z: Tensor, target: Tensor) -> Tensor:
+        """Mean sampled-softmax loss of ``target`` ``[...]`` given ``z`` ``[..., D]``; a scalar."""
+        z_valid, y, _ = self._valid_rows(z, target)
+        if y.numel() == 0:
+            return z.sum() * 0.0
+        logits = self.sampled_logits(z_valid, y)
+        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
+            f"shared_negatives={self.shared_negatives}, "
+            f"remove_accidental_hits={self.remove_accidental_hits}"
+        )

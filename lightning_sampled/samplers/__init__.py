@@ -1,0 +1,6 @@
+"""Proposals ``q(i | z)``: draw negatives and report their normalised log-probabilities."""
+
+from .base import Sample, Sampler
+from .static import LogUniformSampler, UniformSampler, UnigramSampler
+
+__all__ = ["LogUniformSampler", "Sample", "Sampler", "UniformSampler", "UnigramSampler"]

@@ -1,0 +1,124 @@
+"""The sampler contract: a proposal ``q(i | z)`` over classes that draws ids and scores them.
+
+A sampler decides *which* classes a sampled head looks at; it never knows which loss uses it.
+``log_q`` is always the **normalised** log-probability of an id under one draw, so that a head can
+apply the ``o_i - log(M * q_i)`` correction of DESIGN.md without knowing the sampler.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_class_ids, check_padding_idx, check_positive_int
+
+
+class Sample(NamedTuple):
+    """Draws from a proposal.
+
+    Attributes:
+        ids: long ``[B, M]`` per-query draws, or ``[M]`` when shared across the batch.
+        log_q: float ``[B, M]`` or ``[M]``: the normalised log-probability of each id under one draw.
+    """
+
+    ids: Tensor
+    log_q: Tensor
+
+
+class Sampler(nn.Module):
+    """Base class of all proposals.
+
+    Subclasses implement :meth:`_sample` and :meth:`_log_prob`; this class validates the inputs.
+    ``query_independent`` samplers (uniform, unigram, ...) ignore ``z`` and can share one set of
+    draws across a batch; adaptive ones (MIDX, ...) cannot.
+
+    Args:
+        num_classes: the number of classes ``N``.
+        padding_idx: a class that is never drawn (its probability is zero).
+    """
+
+    query_independent: bool = False
+
+    def __init__(self, num_classes: int, *, padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.num_classes = check_positive_int("num_classes", num_classes)
+        self.padding_idx = check_padding_idx(padding_idx, num_classes)
+
+    @property
+    def num_drawable(self) -> int:
+        """The number of classes with non-zero probability in the static support."""
+        return self.num_classes - (self.padding_idx is not None)
+
+    def sample(
+        self,
+        z: Tensor,
+        num_samples: int,
+        *,
+        shared: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Sample:
+        """Draws ``num_samples`` ids with replacement for every query.
+
+        Args:
+            z: ``[B, D]`` queries (ignored by query-independent samplers except for batch size,
+                device and dtype).
+            num_samples: ``M``, draws per query (or per batch when ``shared``).
+            shared: draw one set ``[M]`` for the whole batch; needs a query-independent proposal.
+            generator: a ``torch.Generator`` on ``z``'s device for reproducible draws.
+
+        Returns:
+            ``Sample(ids, log_q)`` with shapes ``[B, M]`` (or ``[M]`` when ``shared``).
+        """
+        check_positive_int("num_samples", num_samples)
+        if z.dim() != 2:
+            raise ValueError(f"z must be [B, D], got shape {tuple(z.shape)}")
+        if shared and not self.query_independent:
+            raise ValueError(
+                f"shared negatives need a query-independent proposal; {type(self).__name__} "
+                f"adapts to each query: use shared_negatives=False"
+            )
+        return self._sample(z, num_samples, shared, generator)
+
+    def log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
+        """Normalised log-probability of ``ids`` under one draw for each query.
+
+        Args:
+            z: ``[B, D]`` queries.
+            ids: long ``[B, K]`` (ids per query) or ``[K]`` (the same ids for every query).
+
+        Returns:
+            float ``[B, K]``, or ``[K]`` when ``ids`` is ``[K]`` and the sampler is
+            query-independent. The padding class gets ``-inf``.
+        """
+        check_class_ids("ids", ids, self.num_classes)
+        return self._log_prob(z, ids)
+
+    def refresh(self, class_embeddings: Tensor) -> None:
+        """Rebuilds index buffers from the ``[N, D]`` class table; a no-op for static samplers."""
+
+    def _sample(
+        self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
+    ) -> Sample:
+        raise NotImplementedError
+
+    def _log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}, padding_idx={self.padding_idx}"
+
+
+def skip_padding(ranks: Tensor, padding_idx: int | None) -> Tensor:
+    """Maps ranks in ``[0, N - 1)`` onto the class ids ``[0, N)`` minus ``padding_idx``."""
+    if padding_idx is None:
+        return ranks
+    return ranks + (ranks >= padding_idx).to(ranks.dtype)
+
+
+def padding_to_rank(ids: Tensor, padding_idx: int | None) -> Tensor:
+    """The inverse of :func:`skip_padding` for ids other than ``padding_idx``."""
+    if padding_idx is None:
+        return ids
+    return ids - (ids > padding_idx).to(ids.dtype)
