@@ -1,0 +1,1 @@
+"""Callbacks: when indexes are rebuilt, temperatures annealed and diagnostics logged."""

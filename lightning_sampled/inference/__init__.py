@@ -1,0 +1,1 @@
+"""Inference-time approximations of the exact head methods."""

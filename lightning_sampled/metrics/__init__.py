@@ -1,0 +1,1 @@
+"""Exact full-ranking metrics and perplexity as torchmetrics Metrics with sum states."""
