@@ -1,9 +1,9 @@
 """Exact softmax over a class table, computed in class chunks.
 
 Nothing here holds more than ``[T, chunk_size]`` logits: the cross-entropy is a custom autograd
-function that keeps only the per-row log-normaliser from its forward pass and recomputes each chunk's
-logits in backward (the approach of Cut Cross-Entropy and Liger's fused linear cross-entropy). The
-log-sum-exp and all gradient accumulators are fp32 whatever the compute dtype.
+function that keeps only the per-row log-normaliser from its forward pass and recomputes each
+chunk's logits in backward (the approach of Cut Cross-Entropy and Liger's fused linear
+cross-entropy). The log-sum-exp and all gradient accumulators are fp32 whatever the compute dtype.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ class SampledSoftmaxHead(OutputHead):
             raise ValueError(f"sampler must be a Sampler, got {type(sampler).__name__}")
         if sampler.num_classes != num_classes:
             raise ValueError(
-                f"sampler.num_classes={sampler.num_classes} does not match num_classes={num_classes}"
+                f"sampler.num_classes={sampler.num_classes} does not match "
+                f"num_classes={num_classes}"
             )
         if sampler.padding_idx != self.padding_idx:
             raise ValueError(

@@ -20,7 +20,8 @@ class Sample(NamedTuple):
 
     Attributes:
         ids: long ``[B, M]`` per-query draws, or ``[M]`` when shared across the batch.
-        log_q: float ``[B, M]`` or ``[M]``: the normalised log-probability of each id under one draw.
+        log_q: float ``[B, M]`` or ``[M]``: the normalised log-probability of each id under one
+            draw.
     """
 
     ids: Tensor

@@ -76,7 +76,7 @@ class LogUniformSampler(_StaticSampler):
 
     def _log_q(self, ids: Tensor) -> Tensor:
         r = padding_to_rank(ids, self.padding_idx).double()
-        log_q = torch.log1p(1.0 / (r + 1.0)) - math.log(math.log(self.num_drawable + 1))
+        log_q = torch.log(torch.log1p(1.0 / (r + 1.0))) - math.log(math.log(self.num_drawable + 1))
         return self._mask_padding(ids, log_q.float())
 
 
@@ -105,7 +105,9 @@ class UnigramSampler(_StaticSampler):
     ) -> None:
         counts = torch.as_tensor(counts)
         if counts.dim() != 1 or counts.numel() == 0:
-            raise ValueError(f"counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
+            raise ValueError(
+                f"counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}"
+            )
         counts = counts.double()
         if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
             bad = counts[~torch.isfinite(counts) | (counts < 0)][0].item()

@@ -1,0 +1,23 @@
+# Every target installs what it needs first (scripts/setup.sh is idempotent).
+PY := .venv/bin/python
+export HF_DATASETS_OFFLINE := 1
+export HF_HUB_OFFLINE := 1
+export WANDB_MODE ?= offline
+
+.PHONY: setup test demo bench lint
+
+setup:
+	bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(PY) -m benchmarks.head_step --demo
+
+bench: setup
+	$(PY) -m benchmarks.head_step
+
+lint: setup
+	$(PY) -m ruff check lightning_sampled tests benchmarks
+	$(PY) -m ruff format --check lightning_sampled tests benchmarks

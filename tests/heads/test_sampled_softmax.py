@@ -1,0 +1,137 @@
+"""SampledSoftmaxHead: the logQ convention, accidental hits, and consistency as M grows."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_sampled.heads import SampledSoftmaxHead
+from lightning_sampled.samplers import Sample, Sampler, UniformSampler, UnigramSampler
+
+
+class FixedDraws(Sampler):
+    """A query-independent proposal with a given q that returns preset ids."""
+
+    query_independent = True
+
+    def __init__(self, probs, ids):
+        super().__init__(probs.numel())
+        self.log_probs = probs.log()
+        self.ids = ids
+
+    def _sample(self, z, num_samples, shared, generator):
+        ids = self.ids if shared else self.ids.expand(z.shape[0], -1)
+        return Sample(ids, self.log_probs[ids])
+
+    def _log_prob(self, z, ids):
+        return self.log_probs[ids]
+
+
+class PerQueryOnly(Sampler):
+    """An adaptive-looking proposal (not query-independent)."""
+
+    def _sample(self, z, num_samples, shared, generator):
+        raise AssertionError("not reached")
+
+
+def test_corrected_logits_follow_the_logq_convention_and_mask_hits():
+    torch.manual_seed(0)
+    n, d = 11, 5
+    probs = torch.softmax(torch.randn(n), 0)
+    ids = torch.tensor([3, 7, 3, 0])
+    head = SampledSoftmaxHead(n, d, FixedDraws(probs, ids), 4, bias=True)
+    with torch.no_grad():
+        head.bias.normal_()
+    z = torch.randn(2, d)
+    y = torch.tensor([3, 5])
+    got = head.sampled_logits(z, y)
+    o = z @ head.weight.T + head.bias
+    want_pos = o[[0, 1], y] - torch.log(4 * probs[y])
+    want_neg = o[:, ids] - torch.log(4 * probs[ids])
+    want_neg[0, [0, 2]] = -math.inf  # draws equal to target 3
+    torch.testing.assert_close(got, torch.cat([want_pos[:, None], want_neg], 1))
+    loss = head(z, y)
+    torch.testing.assert_close(loss, F.cross_entropy(got, torch.zeros(2, dtype=torch.long)))
+
+
+def test_shared_and_per_query_negatives_agree_on_the_same_draws():
+    torch.manual_seed(1)
+    probs = torch.softmax(torch.randn(20), 0)
+    ids = torch.tensor([1, 2, 3, 19, 2])
+    shared = SampledSoftmaxHead(20, 6, FixedDraws(probs, ids), 5, shared_negatives=True)
+    per_query = SampledSoftmaxHead(20, 6, FixedDraws(probs, ids), 5, weight=shared.weight)
+    z = torch.randn(3, 4, 6)
+    y = torch.randint(20, (3, 4))
+    torch.testing.assert_close(shared(z, y), per_query(z, y))
+
+
+def relative_gradient_error(head, z, y, draws, seed):
+    (full,) = torch.autograd.grad(head.full_loss(z, y), z)
+    total = torch.zeros_like(z)
+    for i in range(draws):
+        torch.manual_seed(seed + i)
+        (g,) = torch.autograd.grad(head(z, y), z)
+        total += g
+    return float((total / draws - full).norm() / full.norm())
+
+
+@pytest.mark.parametrize("remove_hits", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_gradient_approaches_full_softmax_as_m_grows(remove_hits, shared):
+    torch.manual_seed(0)
+    n, d = 1000, 16
+    weight = torch.nn.Parameter(torch.randn(n, d))
+    z = torch.randn(32, d, requires_grad=True)
+    y = torch.randint(n, (32,))
+    errors = []
+    for m in (10, 100, 1000, 10000):
+        head = SampledSoftmaxHead(
+            n,
+            d,
+            UniformSampler(n),
+            m,
+            weight=weight,
+            shared_negatives=shared,
+            remove_accidental_hits=remove_hits,
+        )
+        errors.append(relative_gradient_error(head, z, y, draws=3, seed=100))
+    assert all(a > b for a, b in zip(errors, errors[1:], strict=False)), errors
+    assert errors[-1] < 0.1, errors
+
+
+def test_sampled_head_uses_the_padding_aware_default_sampler():
+    head = SampledSoftmaxHead(50, 4, num_negatives=2000, padding_idx=0)
+    assert isinstance(head.sampler, UniformSampler) and head.sampler.padding_idx == 0
+    z = torch.randn(3, 4)
+    logits = head.sampled_logits(z, torch.tensor([1, 2, 3]))
+    assert torch.isfinite(logits[:, 0]).all()
+
+
+def test_ignored_positions_do_not_contribute():
+    torch.manual_seed(2)
+    head = SampledSoftmaxHead(30, 4, UnigramSampler(torch.arange(30.0) + 1), 8)
+    z = torch.randn(2, 5, 4)
+    y = torch.randint(30, (2, 5))
+    y_ignored = y.clone()
+    y_ignored[1] = -100
+    torch.manual_seed(5)
+    partial = head(z, y_ignored)
+    torch.manual_seed(5)
+    first_only = head(z[:1], y[:1])
+    torch.testing.assert_close(partial, first_only)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_negatives=0), "num_negatives"),
+        (dict(sampler=UniformSampler(99)), "sampler.num_classes=99"),
+        (dict(sampler=UniformSampler(100, padding_idx=0)), "sampler.padding_idx=0"),
+        (dict(sampler=PerQueryOnly(100), shared_negatives=True), "query-independent"),
+        (dict(sampler="uniform"), "sampler must be a Sampler"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SampledSoftmaxHead(100, 8, **kwargs)

@@ -1,0 +1,125 @@
+"""Uniform, unigram and log-uniform proposals: draw frequencies, log-probabilities, padding."""
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from lightning_sampled.samplers import LogUniformSampler, UniformSampler, UnigramSampler
+
+N = 37
+
+
+def counts():
+    g = torch.Generator().manual_seed(3)
+    c = torch.randint(0, 500, (N,), generator=g).double()
+    c[[4, 9]] = 0.0  # never-seen classes get the floor
+    return c
+
+
+SAMPLERS = {
+    "uniform": lambda pad: UniformSampler(N, padding_idx=pad),
+    "log_uniform": lambda pad: LogUniformSampler(N, padding_idx=pad),
+    "unigram": lambda pad: UnigramSampler(counts(), alpha=0.6, padding_idx=pad),
+}
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("padding_idx", [None, 0, 17, N - 1])
+def test_draw_frequencies_pass_chi_square_against_exp_log_q(name, padding_idx):
+    sampler = SAMPLERS[name](padding_idx)
+    z = torch.zeros(50, 3)
+    g = torch.Generator().manual_seed(1234)
+    draws = torch.cat([sampler.sample(z, 400, generator=g).ids.reshape(-1) for _ in range(10)])
+    observed = torch.bincount(draws, minlength=N).double()
+    probs = sampler.log_prob(z, torch.arange(N)).exp().double()
+    assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-6)
+    if padding_idx is not None:
+        assert observed[padding_idx] == 0 and probs[padding_idx] == 0
+    keep = probs > 0
+    expected = probs[keep] * draws.numel()
+    observed = observed[keep]
+    stat = chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy())
+    assert stat.pvalue > 1e-3, stat
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("shared", [False, True])
+def test_sample_log_q_agrees_with_log_prob(name, shared):
+    sampler = SAMPLERS[name](0)
+    z = torch.randn(6, 3)
+    draw = sampler.sample(z, 25, shared=shared, generator=torch.Generator().manual_seed(0))
+    assert draw.ids.shape == ((25,) if shared else (6, 25))
+    assert draw.ids.dtype == torch.long
+    torch.testing.assert_close(draw.log_q, sampler.log_prob(z, draw.ids))
+    per_query = sampler.log_prob(z, draw.ids.expand(6, -1) if shared else draw.ids)
+    assert per_query.shape == (6, 25)
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_same_generator_seed_gives_same_draws(name):
+    sampler = SAMPLERS[name](None)
+    z = torch.zeros(4, 2)
+    a = sampler.sample(z, 30, generator=torch.Generator().manual_seed(7)).ids
+    b = sampler.sample(z, 30, generator=torch.Generator().manual_seed(7)).ids
+    assert torch.equal(a, b)
+
+
+def test_unigram_is_the_squashed_floored_frequency():
+    c = counts()
+    alpha, floor = 0.6, 0.01
+    sampler = UnigramSampler(c, alpha=alpha, floor=floor)
+    weights = torch.clamp((c / c.sum()) ** alpha, min=floor)
+    want = (weights / weights.sum()).float()
+    torch.testing.assert_close(sampler.log_prob(torch.zeros(1, 2), torch.arange(N)).exp(), want)
+
+
+def test_unigram_default_floor_is_a_class_seen_once():
+    c = counts()
+    sampler = UnigramSampler(c, alpha=0.75)
+    q = sampler.log_prob(torch.zeros(1, 2), torch.arange(N)).exp()
+    seen_once = (1.0 / c.sum()) ** 0.75
+    ratio = q[4] / q[c.argmax()]
+    assert math.isclose(float(ratio), float(seen_once / (c.max() / c.sum()) ** 0.75), rel_tol=1e-5)
+
+
+def test_log_uniform_closed_form():
+    sampler = LogUniformSampler(N)
+    r = torch.arange(N).double()
+    want = ((torch.log(r + 2) - torch.log(r + 1)) / math.log(N + 1)).float()
+    torch.testing.assert_close(sampler.log_prob(torch.zeros(1, 2), torch.arange(N)).exp(), want)
+
+
+def test_uniform_never_draws_padding_at_scale():
+    sampler = UniformSampler(3, padding_idx=1)
+    ids = sampler.sample(torch.zeros(1000, 1), 100, generator=torch.Generator().manual_seed(0)).ids
+    assert set(ids.unique().tolist()) == {0, 2}
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: UniformSampler(0), "num_classes"),
+        (lambda: UniformSampler(5, padding_idx=5), "padding_idx"),
+        (lambda: UnigramSampler(torch.tensor([1.0, -2.0, 3.0])), "non-negative.*-2"),
+        (lambda: UnigramSampler(torch.tensor([1.0, float("nan")])), "finite"),
+        (lambda: UnigramSampler(torch.zeros(4)), "positive sum"),
+        (lambda: UnigramSampler(torch.ones(2, 2)), "1-D"),
+        (lambda: UnigramSampler(torch.ones(4), alpha=1.5), "alpha"),
+        (lambda: UnigramSampler(torch.ones(4), floor=0.0), "floor"),
+    ],
+)
+def test_constructors_reject_bad_arguments(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_sample_and_log_prob_reject_bad_input():
+    sampler = UniformSampler(10)
+    with pytest.raises(ValueError, match="num_samples"):
+        sampler.sample(torch.zeros(2, 3), 0)
+    with pytest.raises(ValueError, match="z must be"):
+        sampler.sample(torch.zeros(3), 4)
+    with pytest.raises(IndexError, match="ids.*got 10"):
+        sampler.log_prob(torch.zeros(2, 3), torch.tensor([1, 10]))
