@@ -1,1 +1,18 @@
 """Exact full-ranking metrics and perplexity as torchmetrics Metrics with sum states."""
+
+from .evaluate import RANKING_METRICS, evaluate_ranking
+from .perplexity import Perplexity
+from .ranking import MAP, MRR, NDCG, Precision, RankingMetric, Recall, ranking_hits
+
+__all__ = [
+    "MAP",
+    "MRR",
+    "NDCG",
+    "RANKING_METRICS",
+    "Perplexity",
+    "Precision",
+    "RankingMetric",
+    "Recall",
+    "evaluate_ranking",
+    "ranking_hits",
+]

@@ -1,0 +1,154 @@
+"""``evaluate_ranking``: exact full-ranking evaluation of a head over a dataloader."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..heads.base import OutputHead
+from .ranking import (
+    EMPTY_TARGET_ACTIONS,
+    MAP,
+    MRR,
+    NDCG,
+    EmptyTargetAction,
+    Precision,
+    RankingMetric,
+    Recall,
+)
+
+#: metric names accepted by :func:`evaluate_ranking`, and their classes.
+RANKING_METRICS: dict[str, type[RankingMetric]] = {
+    "ndcg": NDCG,
+    "recall": Recall,
+    "precision": Precision,
+    "mrr": MRR,
+    "map": MAP,
+}
+
+EncodeFn = Callable[[Any], "tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor | None]"]
+
+
+def _check_ks(ks: int | Sequence[int], num_classes: int) -> tuple[int, ...]:
+    values = (ks,) if isinstance(ks, int) and not isinstance(ks, bool) else tuple(ks)
+    if not values:
+        raise ValueError(f"ks must be a positive int or a non-empty sequence of them, got {ks!r}")
+    for k in values:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"ks must hold positive integers, got {k!r} in ks={ks!r}")
+        if k > num_classes:
+            raise ValueError(f"ks must be <= the head's num_classes={num_classes}, got {k}")
+    return tuple(sorted(set(values)))
+
+
+def evaluate_ranking(
+    head: OutputHead,
+    dataloader: Iterable[Any],
+    encode: EncodeFn,
+    *,
+    ks: int | Sequence[int] = (10, 20),
+    metrics: Sequence[str] = ("ndcg", "recall", "precision", "mrr", "map"),
+    exclude_seen: bool = True,
+    empty_target_action: EmptyTargetAction = "neg",
+    progress: bool = False,
+) -> dict[str, float]:
+    """Evaluates a head by exact top-``k`` over all its classes, one batch at a time.
+
+    For each batch, ``encode(batch)`` returns ``(z, target, exclude)``:
+
+    - ``z``: ``[..., D]`` queries (e.g. ``[B, D]`` user states, or ``[B, L, D]`` sequences);
+    - ``target``: integer ``[...]`` (one relevant id per query; ``head.ignore_index`` skips the
+      query), a bool relevance matrix ``[..., N]`` or integer relevant ids ``[..., R]`` padded
+      with negative entries (see :func:`~lightning_sampled.metrics.ranking.ranking_hits`);
+    - ``exclude``: ``None`` or long ``[..., E]`` class ids never to recommend to that query (e.g.
+      the items the user has already seen), padded with ``-1``. A 2-tuple ``(z, target)`` means no
+      exclusion.
+
+    The head's chunked :meth:`~lightning_sampled.heads.base.OutputHead.topk` runs under
+    ``torch.no_grad()`` with ``max(ks)``, so memory stays ``O(batch x chunk)`` and no ``[B, N]``
+    matrix is built; every metric is updated with the same top-``k`` ids. The function switches
+    no module to eval mode: call ``model.eval()`` first if the encoder has dropout.
+
+    Args:
+        head: the head whose class table scores the queries.
+        dataloader: any iterable of batches.
+        encode: ``batch -> (z, target, exclude)``, see above.
+        ks: the cut-offs, an int or a sequence of ints in ``[1, N]``.
+        metrics: names among ``"ndcg"``, ``"recall"``, ``"precision"``, ``"mrr"``, ``"map"``.
+        exclude_seen: pass ``exclude`` to the head (``False`` ignores it).
+        empty_target_action: what a query without relevant items counts as (see
+            :class:`~lightning_sampled.metrics.ranking.RankingMetric`).
+        progress: show a tqdm progress bar.
+
+    Returns:
+        ``{"ndcg@10": 0.31, "recall@10": ..., ...}``: one float per metric and cut-off.
+
+    Raises:
+        ValueError: bad ``ks``, ``metrics``, ``empty_target_action``, an ``encode`` result that is
+            not a 2- or 3-tuple, or a dataloader that yields no batch. Bad targets raise from the
+            metrics (``ValueError`` / ``IndexError``).
+    """
+    if not isinstance(head, OutputHead):
+        raise ValueError(f"head must be an OutputHead, got {type(head).__name__}")
+    if not callable(encode):
+        raise ValueError(f"encode must be callable, got {type(encode).__name__}")
+    ks = _check_ks(ks, head.num_classes)
+    names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
+    if not names:
+        raise ValueError(f"metrics must name at least one metric, got {metrics!r}")
+    for name in names:
+        if name not in RANKING_METRICS:
+            raise ValueError(f"metrics must be names among {sorted(RANKING_METRICS)}, got {name!r}")
+    if empty_target_action not in EMPTY_TARGET_ACTIONS:
+        raise ValueError(
+            f"empty_target_action must be one of {EMPTY_TARGET_ACTIONS}, "
+            f"got {empty_target_action!r}"
+        )
+
+    device = head.weight.device
+    results: dict[str, RankingMetric] = {}
+    for name in dict.fromkeys(names):
+        for k in ks:
+            results[f"{name}@{k}"] = RANKING_METRICS[name](
+                k,
+                num_classes=head.num_classes,
+                empty_target_action=empty_target_action,
+                ignore_index=head.ignore_index,
+            ).to(device)
+
+    batches: Iterable[Any] = dataloader
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(dataloader, desc="evaluate_ranking", leave=False)
+
+    max_k = ks[-1]
+    num_batches = 0
+    with torch.no_grad():
+        for batch in batches:
+            out = encode(batch)
+            if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
+                raise ValueError(
+                    "encode must return (z, target) or (z, target, exclude), "
+                    f"got {type(out).__name__}"
+                    + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
+                )
+            z, target = out[0], out[1]
+            exclude = out[2] if len(out) == 3 and exclude_seen else None
+            z = z.to(device)
+            if exclude is not None:
+                exclude = exclude.to(device)
+            values, indices = head.topk(z, max_k, exclude=exclude)
+            # fewer than max_k scorable classes leave -inf at the end: no class at those ranks
+            indices = indices.masked_fill(values == -math.inf, -1)
+            target = target.to(device)
+            for metric in results.values():
+                metric.update(indices, target)
+            num_batches += 1
+    if num_batches == 0:
+        raise ValueError("dataloader yielded no batch: nothing to evaluate")
+    return {key: float(metric.compute()) for key, metric in results.items()}
