@@ -13,11 +13,11 @@ test: setup
 	$(PY) -m pytest -q
 
 demo: setup
-	$(PY) -m benchmarks.head_step --demo
+	$(PY) examples/movielens_demo.py
 
 bench: setup
 	$(PY) -m benchmarks.head_step
 
 lint: setup
-	$(PY) -m ruff check lightning_sampled tests benchmarks
-	$(PY) -m ruff format --check lightning_sampled tests benchmarks
+	$(PY) -m ruff check lightning_sampled tests benchmarks examples
+	$(PY) -m ruff format --check lightning_sampled tests benchmarks examples

@@ -9,7 +9,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_class_ids, check_finite, check_padding_idx, check_positive_int
-from .chunked import chunk_logits, chunked_nll, chunked_topk, class_chunks, compute_dtype
+from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
+from .chunked import (
+    chunk_logits,
+    chunked_nll,
+    chunked_topk,
+    class_chunks,
+    compute_dtype,
+    resolve_chunk_size,
+)
 
 
 class OutputHead(nn.Module):
@@ -28,7 +36,8 @@ class OutputHead(nn.Module):
         bias: whether to learn a per-class bias.
         padding_idx: a class that is never sampled nor predicted (its logit is ``-inf``).
         ignore_index: target value of positions to skip.
-        chunk_size: classes per chunk in the exact methods.
+        chunk_size: classes per chunk in the exact methods; by default as many as keep one
+            ``[T, C]`` block of logits within 2^24 elements (64 MiB), at least 1024.
     """
 
     def __init__(
@@ -40,7 +49,7 @@ class OutputHead(nn.Module):
         bias: bool = False,
         padding_idx: int | None = None,
         ignore_index: int = -100,
-        chunk_size: int = 8192,
+        chunk_size: int | None = None,
     ) -> None:
         super().__init__()
         self.num_classes = check_positive_int("num_classes", num_classes)
@@ -52,7 +61,9 @@ class OutputHead(nn.Module):
                 f"ignore_index must not be a valid class id in [0, {num_classes}), "
                 f"got {ignore_index}; use padding_idx for a padding class"
             )
-        self.chunk_size = check_positive_int("chunk_size", chunk_size)
+        self.chunk_size = (
+            None if chunk_size is None else check_positive_int("chunk_size", chunk_size)
+        )
         if weight is None:
             weight = nn.Parameter(torch.empty(num_classes, dim))
             nn.init.uniform_(weight, -1.0 / math.sqrt(dim), 1.0 / math.sqrt(dim))
@@ -105,6 +116,10 @@ class OutputHead(nn.Module):
         mask = target != self.ignore_index
         return z[mask], target[mask].long(), mask
 
+    def chunk_for(self, num_rows: int) -> int:
+        """Classes per chunk when scoring ``num_rows`` queries (see ``chunk_size``)."""
+        return resolve_chunk_size(self.chunk_size, num_rows, self.num_classes)
+
     def class_rows(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
         """Gathers class vectors ``[*ids.shape, D]`` and biases ``[*ids.shape]`` (or ``None``).
 
@@ -126,7 +141,7 @@ class OutputHead(nn.Module):
         dtype = compute_dtype(flat)
         parts = [
             chunk_logits(flat, self.weight, self.bias, start, end, self.padding_idx, dtype)
-            for start, end in class_chunks(self.num_classes, self.chunk_size)
+            for start, end in class_chunks(self.num_classes, self.chunk_for(flat.shape[0]))
         ]
         return torch.cat(parts, dim=1).reshape(*z.shape[:-1], self.num_classes)
 
@@ -138,7 +153,8 @@ class OutputHead(nn.Module):
         z_valid, y, mask = self._valid_rows(z, target)
         out = torch.zeros(target.shape, device=z.device, dtype=torch.float32)
         if y.numel():
-            nll = chunked_nll(z_valid, self.weight, self.bias, y, self.chunk_size, self.padding_idx)
+            chunk = self.chunk_for(y.numel())
+            nll = chunked_nll(z_valid, self.weight, self.bias, y, chunk, self.padding_idx)
             out = out.masked_scatter(mask, -nll)
         return out
 
@@ -151,7 +167,8 @@ class OutputHead(nn.Module):
         z_valid, y, _ = self._valid_rows(z, target)
         if y.numel() == 0:
             return z.sum() * 0.0
-        nll = chunked_nll(z_valid, self.weight, self.bias, y, self.chunk_size, self.padding_idx)
+        chunk = self.chunk_for(y.numel())
+        nll = chunked_nll(z_valid, self.weight, self.bias, y, chunk, self.padding_idx)
         return nll.mean()
 
     @torch.no_grad()
@@ -180,9 +197,75 @@ class OutputHead(nn.Module):
             exclude = exclude.reshape(flat.shape[0], -1).long()
             check_class_ids("exclude", exclude[exclude >= 0], self.num_classes)
         values, indices = chunked_topk(
-            flat, self.weight, self.bias, k, self.chunk_size, self.padding_idx, exclude
+            flat,
+            self.weight,
+            self.bias,
+            k,
+            self.chunk_for(flat.shape[0]),
+            self.padding_idx,
+            exclude,
         )
         return values.reshape(*z.shape[:-1], k), indices.reshape(*z.shape[:-1], k)
+
+    @torch.no_grad()
+    def adaptive_topk(
+        self,
+        z: Tensor,
+        k: int = 1,
+        *,
+        eps: float = 0.3,
+        delta: float = 0.1,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> AdaptiveResult:
+        """Top-``k`` classes and probabilities by AdaptiveSoftmax, reading part of the table.
+
+        With probability ``>= 1 - delta`` per query the classes are the exact top-``k`` of
+        ``softmax((z W^T + b) / temperature)`` and each probability is within ``(1 +- eps)``.
+        The bias is added exactly; ``padding_idx`` is never returned. The
+        :class:`~lightning_sampled.inference.AdaptiveSoftmax` over this head's table is cached on
+        the head (not in its state dict) and rebuilt when the arguments or the table object
+        change. For calibrated constants saved with the head, register an ``AdaptiveSoftmax``
+        (same ``weight``, ``bias``, ``padding_idx``) as a submodule, ``calibrate`` it and call its
+        ``topk``.
+
+        Args:
+            z: ``[..., D]`` queries.
+            k: how many classes, ``1 <= k <= N``.
+            eps: multiplicative accuracy, in (0, 1).
+            delta: failure probability per query, in (0, 1).
+            temperature: softmax temperature, > 0.
+            seed: seed of the Gumbel noise of this call (``None``: torch's global generator).
+
+        Returns:
+            ``AdaptiveResult(indices [..., k], probs [..., k], log_partition [...],
+            samples_used [...])``.
+        """
+        self._check_z(z)
+        self._check_k(k)
+        key = (id(self.weight), id(self.bias), self.padding_idx, eps, delta, temperature)
+        cached = self.__dict__.get("_adaptive_softmax")
+        if cached is None or cached[0] != key:
+            module = AdaptiveSoftmax(
+                self.weight,
+                temperature,
+                eps,
+                delta,
+                bias=self.bias,
+                padding_idx=self.padding_idx,
+            )
+            cached = self.__dict__["_adaptive_softmax"] = (key, module)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.weight.device).manual_seed(seed)
+        result = cached[1].topk(z.reshape(-1, self.dim), k, generator=generator)
+        batch = z.shape[:-1]
+        return AdaptiveResult(
+            result.indices.reshape(*batch, k),
+            result.probs.reshape(*batch, k),
+            result.log_partition.reshape(batch),
+            result.samples_used.reshape(batch),
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -21,6 +21,18 @@ def class_chunks(num_classes: int, chunk_size: int) -> Iterator[tuple[int, int]]
         yield start, min(start + chunk_size, num_classes)
 
 
+#: default size of one ``[T, C]`` block of logits, in elements (64 MiB in fp32)
+MAX_BLOCK_ELEMENTS = 2**24
+
+
+def resolve_chunk_size(chunk_size: int | None, num_rows: int, num_classes: int) -> int:
+    """Classes per chunk: ``chunk_size`` if given, else as many as keep a ``[T, C]`` block within
+    :data:`MAX_BLOCK_ELEMENTS` (at least 1024: fewer make the matmuls inefficient)."""
+    if chunk_size is None:
+        chunk_size = max(1024, MAX_BLOCK_ELEMENTS // max(num_rows, 1))
+    return min(chunk_size, num_classes)
+
+
 def compute_dtype(z: Tensor) -> torch.dtype:
     """The matmul dtype: the autocast dtype when autocast is on for ``z``'s device, else fp32."""
     device_type = z.device.type
@@ -37,18 +49,41 @@ def chunk_logits(
     end: int,
     padding_idx: int | None,
     dtype: torch.dtype,
+    workspace: Tensor | None = None,
 ) -> Tensor:
     """fp32 logits ``[T, end - start]`` of rows ``z`` ``[T, D]`` against classes ``[start, end)``.
 
-    The matmul runs in ``dtype``; the padding class (if inside the chunk) gets ``-inf``.
+    The matmul runs in ``dtype``; the padding class (if inside the chunk) gets ``-inf``. With a
+    flat fp32 ``workspace`` of at least ``T * (end - start)`` elements the logits are written into
+    it, so a loop over chunks allocates (and page-faults) its ``[T, C]`` block only once; the
+    result is then not differentiable. Without a workspace it is.
     """
+    z_c, w_c = z.to(dtype), weight[start:end].to(dtype)
     with torch.autocast(z.device.type, enabled=False):
-        logits = (z.to(dtype) @ weight[start:end].to(dtype).T).float()
+        if workspace is None:  # differentiable
+            logits = (z_c @ w_c.T).float()
+        else:
+            logits = workspace[: z.shape[0] * (end - start)].view(z.shape[0], end - start)
+            if dtype == torch.float32:
+                torch.mm(z_c, w_c.T, out=logits)
+            else:
+                logits.copy_(z_c @ w_c.T)
     if bias is not None:
-        logits = logits + bias[start:end].float()
+        logits.add_(bias[start:end].float())
     if padding_idx is not None and start <= padding_idx < end:
         logits[:, padding_idx - start] = -math.inf
     return logits
+
+
+def new_workspace(z: Tensor, num_classes: int, chunk_size: int) -> Tensor:
+    """A flat fp32 buffer for one ``[T, chunk_size]`` block of logits."""
+    return torch.empty(z.shape[0] * min(chunk_size, num_classes), device=z.device)
+
+
+def exp_shifted_(logits: Tensor, shift: Tensor) -> Tensor:
+    """In place: ``logits <- exp(logits - shift[:, None])``; rows whose shift is ``-inf`` give 0."""
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    return logits.sub_(shift[:, None]).exp_()
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -63,15 +98,18 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         dtype = compute_dtype(z)
         num_rows, num_classes = z.shape[0], weight.shape[0]
         rows = torch.arange(num_rows, device=z.device)
+        workspace = new_workspace(z, num_classes, chunk_size)
         chunk_lse = []
         target_logit = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
         with torch.no_grad():
             for start, end in class_chunks(num_classes, chunk_size):
-                logits = chunk_logits(z, weight, bias, start, end, padding_idx, dtype)
-                chunk_lse.append(torch.logsumexp(logits, dim=1))
+                logits = chunk_logits(z, weight, bias, start, end, padding_idx, dtype, workspace)
                 inside = (target >= start) & (target < end)
                 local = (target - start).clamp(0, end - start - 1)
                 target_logit = torch.where(inside, logits[rows, local], target_logit)
+                row_max = logits.amax(dim=1)
+                chunk_sum = exp_shifted_(logits, row_max).sum(dim=1)
+                chunk_lse.append(row_max + chunk_sum.log())
             lse = torch.logsumexp(torch.stack(chunk_lse, dim=1), dim=1)
         ctx.save_for_backward(z, weight, bias, target, lse)
         ctx.chunk_size, ctx.padding_idx, ctx.dtype = chunk_size, padding_idx, dtype
@@ -82,26 +120,41 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         z, weight, bias, target, lse = ctx.saved_tensors
         need_z, need_w, need_b = ctx.needs_input_grad[:3]
         dtype = ctx.dtype
-        grad_out = grad_out.float()
-        num_rows, num_classes = z.shape[0], weight.shape[0]
-        rows = torch.arange(num_rows, device=z.device)
-        grad_z = torch.zeros(z.shape, device=z.device, dtype=torch.float32) if need_z else None
-        grad_w = torch.zeros(weight.shape, device=z.device, dtype=torch.float32) if need_w else None
-        grad_b = torch.zeros(num_classes, device=z.device, dtype=torch.float32) if need_b else None
-        z_c = z.to(dtype)
+        # d loss_t / d logit_tc = g_t * (softmax_tc - [c == y_t]). The per-row factor g_t is
+        # folded into z (for the class gradient) and applied once at the end (for dz), and the
+        # -[c == y_t] term is added once outside the loop, so each chunk costs two matmuls and
+        # two in-place passes over its [T, C] probabilities.
+        g = grad_out.float()
+        zg = (z.float() * g[:, None]).to(dtype)
+        f32 = dict(device=z.device, dtype=torch.float32)
+        grad_z = torch.zeros(z.shape, **f32) if need_z else None
+        grad_w = torch.zeros(weight.shape, **f32) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], **f32) if need_b else None
+        workspace = new_workspace(z, weight.shape[0], ctx.chunk_size)
         with torch.autocast(z.device.type, enabled=False):
-            for start, end in class_chunks(num_classes, ctx.chunk_size):
-                logits = chunk_logits(z, weight, bias, start, end, ctx.padding_idx, dtype)
-                # d loss_t / d logit_tc = g_t * (softmax_tc - [c == y_t])
-                grad_logits = torch.exp(logits - lse[:, None]) * grad_out[:, None]
-                inside = (target >= start) & (target < end)
-                grad_logits[rows[inside], target[inside] - start] -= grad_out[inside]
-                if need_z:
-                    grad_z += (grad_logits.to(dtype) @ weight[start:end].to(dtype)).float()
-                if need_w:
-                    grad_w[start:end] = (grad_logits.to(dtype).T @ z_c).float()
+            for start, end in class_chunks(weight.shape[0], ctx.chunk_size):
+                logits = chunk_logits(
+                    z, weight, bias, start, end, ctx.padding_idx, dtype, workspace
+                )
+                probs = exp_shifted_(logits, lse)
                 if need_b:
-                    grad_b[start:end] = grad_logits.sum(dim=0)
+                    grad_b[start:end] = probs.T @ g
+                probs = probs.to(dtype)
+                w_c = weight[start:end].to(dtype)
+                if need_z and dtype == torch.float32:
+                    grad_z.addmm_(probs, w_c)
+                elif need_z:
+                    grad_z += (probs @ w_c).float()
+                if need_w and dtype == torch.float32:
+                    torch.mm(probs.T, zg, out=grad_w[start:end])
+                elif need_w:
+                    grad_w[start:end] = (probs.T @ zg).float()
+            if need_z:
+                grad_z.sub_(weight[target].float()).mul_(g[:, None])
+            if need_w:
+                grad_w.index_add_(0, target, zg.float(), alpha=-1.0)
+            if need_b:
+                grad_b.index_add_(0, target, g, alpha=-1.0)
         return (
             None if grad_z is None else grad_z.to(z.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
@@ -144,17 +197,18 @@ def chunked_topk(
     """
     dtype = compute_dtype(z)
     num_rows, num_classes = z.shape[0], weight.shape[0]
+    workspace = new_workspace(z, num_classes, chunk_size)
     best_v = torch.full((num_rows, 0), -math.inf, device=z.device)
     best_i = torch.zeros((num_rows, 0), dtype=torch.long, device=z.device)
     for start, end in class_chunks(num_classes, chunk_size):
-        logits = chunk_logits(z, weight, bias, start, end, padding_idx, dtype)
+        logits = chunk_logits(z, weight, bias, start, end, padding_idx, dtype, workspace)
         if exclude is not None:
             hit = (exclude >= start) & (exclude < end)
             row_idx = torch.arange(num_rows, device=z.device)[:, None].expand_as(exclude)
             logits[row_idx[hit], exclude[hit] - start] = -math.inf
-        ids = torch.arange(start, end, device=z.device).expand(num_rows, -1)
-        merged_v = torch.cat([best_v, logits], dim=1)
-        merged_i = torch.cat([best_i, ids], dim=1)
+        chunk_v, chunk_i = logits.topk(min(k, end - start), dim=1)
+        merged_v = torch.cat([best_v, chunk_v], dim=1)
+        merged_i = torch.cat([best_i, chunk_i + start], dim=1)
         best_v, pos = merged_v.topk(min(k, merged_v.shape[1]), dim=1)
         best_i = merged_i.gather(1, pos)
     return best_v, best_i

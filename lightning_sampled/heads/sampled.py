@@ -49,7 +49,7 @@ class SampledSoftmaxHead(OutputHead):
         bias: bool = False,
         padding_idx: int | None = None,
         ignore_index: int = -100,
-        chunk_size: int = 8192,
+        chunk_size: int | None = None,
     ) -> None:
         super().__init__(
             num_classes,
