@@ -224,10 +224,10 @@ class OutputHead(nn.Module):
         ``softmax((z W^T + b) / temperature)`` and each probability is within ``(1 +- eps)``.
         The bias is added exactly; ``padding_idx`` is never returned. The
         :class:`~lightning_sampled.inference.AdaptiveSoftmax` over this head's table is cached on
-        the head (not in its state dict) and rebuilt when the arguments or the table object
-        change. For calibrated constants saved with the head, register an ``AdaptiveSoftmax``
-        (same ``weight``, ``bias``, ``padding_idx``) as a submodule, ``calibrate`` it and call its
-        ``topk``.
+        the head (not in its state dict; it holds a transposed copy of the table, as much memory
+        again) and rebuilt when the arguments or the table object change. For calibrated
+        constants saved with the head, register an ``AdaptiveSoftmax`` (same ``weight``,
+        ``bias``, ``padding_idx``) as a submodule, ``calibrate`` it and call its ``topk``.
 
         Args:
             z: ``[..., D]`` queries.

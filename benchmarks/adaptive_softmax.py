@@ -1,0 +1,334 @@
+"""AdaptiveSoftmax against the paper's Section 5.1 (Figure 1), and wall clock against dense top-k.
+
+Part 1, sample complexity: n = 100 arms, d at 20 log-spaced points in [1e3, 1e6], eps = 0.3,
+delta = 0.1, no constant tuning, a fresh instance per trial, on the two synthetic datasets at the
+scale of the authors' released experiment (the paper's text states a different scale):
+
+- (a) ``A`` is zero except a first row of ``1/d``, plus iid Gaussian noise of standard deviation
+  ``1 / (sqrt(10) d)`` everywhere; ``x`` is all ones;
+- (b) ``A`` is iid Gaussian with standard deviation ``1/d``; ``x = sign(A_1)``.
+
+Per ``d`` it reports the mean gain ``n d / samples_used``, the success rate (exact top-1 and
+probability within ``1 +- eps``) and compares the average over ``d`` with the paper's (3.953x for
+(a), 29.039x for (b)).
+
+Part 2, wall clock: time per query of ``AdaptiveSoftmax.topk`` against the dense
+``softmax(x @ A.T).topk(1)`` at batch 1 and 64, for ``(n, d) = (32000, 4096)`` (Mistral-7B's head
+shape) with random data, uncalibrated and calibrated on held-out random queries.
+
+The PTB LSTM head part of the issue needs the recipe's trained head, which does not exist yet: it
+is skipped.
+
+Run from the repository root::
+
+    .venv/bin/python -m benchmarks.adaptive_softmax            # full (about 20 minutes)
+    .venv/bin/python -m benchmarks.adaptive_softmax --quick    # smoke run (about a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from benchmarks.common import RESULTS_DIR, median_time, write_results
+from lightning_sampled.inference import AdaptiveSoftmax, adaptive_success, exact_topk_softmax
+
+PAPER_AVERAGE_GAIN = {"a": 3.953, "b": 29.039}
+NUM_ARMS = 100
+EPS, DELTA = 0.3, 0.1
+
+
+def log(message: str) -> None:
+    """Progress line with a wall-clock stamp."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def synthetic_instance(dataset: str, dim: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``(A [100, d], x [d])`` of dataset ``"a"`` or ``"b"`` at the released experiment's scale."""
+    weight = torch.randn(NUM_ARMS, dim, generator=generator)
+    if dataset == "a":
+        weight /= math.sqrt(10.0) * dim
+        weight[0] += 1.0 / dim
+        return weight, torch.ones(dim)
+    weight /= dim
+    return weight, torch.sign(weight[0])
+
+
+def synthetic_dims(points: int, low: float, high: float) -> list[int]:
+    """``points`` log-spaced integer dimensions in ``[low, high]``."""
+    exponents = torch.linspace(math.log10(low), math.log10(high), points)
+    return [round(10.0 ** float(e)) for e in exponents]
+
+
+def run_synthetic(
+    dataset: str, dims: Sequence[int], trials_for: Callable[[int], int], seed: int
+) -> list[dict[str, Any]]:
+    """Mean gain and success per dimension on one synthetic dataset."""
+    rows = []
+    for dim in dims:
+        trials = trials_for(dim)
+        gains, successes, started = [], [], time.perf_counter()
+        for trial in range(trials):
+            generator = torch.Generator().manual_seed(seed + 1_000_003 * trial + dim)
+            weight, x = synthetic_instance(dataset, dim, generator)
+            module = AdaptiveSoftmax(weight, eps=EPS, delta=DELTA, seed=seed + trial)
+            result = module.topk(x.unsqueeze(0))
+            exact = exact_topk_softmax(weight, x.unsqueeze(0), 1)
+            _, success = adaptive_success(result.indices, result.probs, exact, EPS)
+            gains.append(weight.numel() / float(result.samples_used))
+            successes.append(bool(success))
+        row = {
+            "dataset": dataset,
+            "d": dim,
+            "trials": trials,
+            "mean_gain": statistics.fmean(gains),
+            "std_gain": statistics.stdev(gains) if trials > 1 else 0.0,
+            "success_rate": statistics.fmean(successes),
+            "mean_samples": NUM_ARMS * dim / statistics.harmonic_mean(gains),
+            "seconds_per_trial": (time.perf_counter() - started) / trials,
+        }
+        rows.append(row)
+        log(
+            f"({dataset}) d={dim:>7} trials={trials:>3} gain={row['mean_gain']:8.2f}x "
+            f"success={row['success_rate']:.2f} ({row['seconds_per_trial']:.2f} s/trial)"
+        )
+    return rows
+
+
+def plot_synthetic(rows: list[dict[str, Any]]) -> None:
+    """Figure-1-style plot: samples and gain against ``d`` (log x) for (a) and (b)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    for column, dataset in enumerate("ab"):
+        part = [r for r in rows if r["dataset"] == dataset]
+        dims = [r["d"] for r in part]
+        samples = axes[0][column]
+        samples.loglog(dims, [NUM_ARMS * d for d in dims], "k--", label="dense n*d")
+        samples.loglog(dims, [r["mean_samples"] for r in part], "o-", label="AdaptiveSoftmax")
+        samples.set_title(f"({dataset}) samples used, n = {NUM_ARMS}")
+        samples.set_ylabel("scalar products")
+        samples.legend()
+        gain = axes[1][column]
+        gain.errorbar(
+            dims,
+            [r["mean_gain"] for r in part],
+            yerr=[r["std_gain"] for r in part],
+            fmt="o-",
+            capsize=3,
+            label="ours (mean +- 1 std)",
+        )
+        ours = statistics.fmean(r["mean_gain"] for r in part)
+        gain.axhline(ours, color="C0", ls=":", label=f"ours, average over d: {ours:.1f}x")
+        paper = PAPER_AVERAGE_GAIN[dataset]
+        gain.axhline(paper, color="k", ls="--", label=f"paper, average over d: {paper:.1f}x")
+        gain.set_xscale("log")
+        gain.set_yscale("log")
+        gain.set_xlabel("d")
+        gain.set_ylabel("gain n*d / samples")
+        gain.legend(fontsize=8)
+    fig.suptitle(f"AdaptiveSoftmax, eps = {EPS}, delta = {DELTA}, no tuning")
+    fig.tight_layout()
+    fig.savefig(RESULTS_DIR / "adaptive_softmax_synthetic.png", dpi=120)
+    plt.close(fig)
+
+
+def run_wallclock(
+    num_classes: int,
+    dim: int,
+    batches: Sequence[int],
+    repeats: int,
+    calibration_queries: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Seconds per query of AdaptiveSoftmax and of the dense softmax top-1, on random data.
+
+    ``A`` is iid ``N(0, 1/d)`` and ``x`` iid ``N(0, 1)``, so logits are ``N(0, 1)``-like.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(num_classes, dim, generator=generator) / math.sqrt(dim)
+    queries = torch.randn(max(batches), dim, generator=generator)
+    held_out = torch.randn(calibration_queries, dim, generator=generator)
+    started = time.perf_counter()
+    module = AdaptiveSoftmax(weight, eps=EPS, delta=DELTA, seed=seed)
+    setup = time.perf_counter() - started
+    log(f"wall clock: A^T copy and column norms took {setup:.2f} s (once per matrix)")
+    variants = [("uncalibrated", None)]
+    if calibration_queries:
+        variants.append(("calibrated", held_out))
+    rows = []
+    for variant, calibration in variants:
+        note = ""
+        if calibration is not None:
+            started = time.perf_counter()
+            found = module.calibrate(calibration, tolerance=0.1, batch_size=16)
+            note = (
+                f"bandit_scale={found.bandit_scale:.3g}, norm_scale={found.norm_scale:.3g}, "
+                f"calibration success {found.success_rate:.2f} on {calibration_queries} queries "
+                f"({time.perf_counter() - started:.0f} s)"
+            )
+            log(f"wall clock: calibrated: {note}")
+        for batch in batches:
+            x = queries[:batch]
+            dense_time, _ = median_time(
+                lambda x=x: torch.softmax(x @ weight.T, dim=-1).topk(1), repeats=repeats
+            )
+            # A big batch runs once, without warm-up: one call is already many seconds.
+            adaptive_repeats = repeats if batch == 1 else 1
+            results: list = []
+            adaptive_time, _ = median_time(
+                lambda x=x, results=results: results.append(module.topk(x)),
+                repeats=adaptive_repeats,
+                warmup=int(batch == 1),
+            )
+            result = results[-1]
+            exact = exact_topk_softmax(weight, x, 1)
+            _, success = adaptive_success(result.indices, result.probs, exact, EPS)
+            row = {
+                "variant": variant,
+                "n": num_classes,
+                "d": dim,
+                "batch": batch,
+                "dense_ms_per_query": 1e3 * dense_time / batch,
+                "adaptive_ms_per_query": 1e3 * adaptive_time / batch,
+                "slowdown": adaptive_time / dense_time,
+                "mean_gain": float((weight.numel() / result.samples_used.double()).mean()),
+                "success_rate": float(success.double().mean()),
+                "note": note,
+            }
+            rows.append(row)
+            log(
+                f"wall clock {variant} batch={batch}: dense {row['dense_ms_per_query']:.2f} "
+                f"ms/query, adaptive {row['adaptive_ms_per_query']:.1f} ms/query "
+                f"(x{row['slowdown']:.1f}), gain {row['mean_gain']:.2f}x"
+            )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=100, help="trials per d")
+    parser.add_argument(
+        "--large-trials", type=int, default=40, help="trials per d for d > --large-dim"
+    )
+    parser.add_argument("--large-dim", type=float, default=2e5)
+    parser.add_argument("--points", type=int, default=20, help="number of d values")
+    parser.add_argument("--max-dim", type=float, default=1e6)
+    parser.add_argument("--wall-repeats", type=int, default=5)
+    parser.add_argument("--calibration-queries", type=int, default=32)
+    parser.add_argument("--skip-wallclock", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="5 trials, 8 d values up to 1e5, wall clock at batch 1 and 4 without calibration",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.trials = args.large_trials = 5
+        args.points, args.max_dim = 8, 1e5
+        args.calibration_queries, args.wall_repeats = 0, 2
+    torch.set_num_threads(args.threads)
+    suffix = "_quick" if args.quick else ""
+
+    def trials_for(dim: int) -> int:
+        return args.large_trials if dim > args.large_dim else args.trials
+
+    dims = synthetic_dims(args.points, 1e3, args.max_dim)
+    rows = []
+    for dataset in "ab":
+        rows += run_synthetic(dataset, dims, trials_for, args.seed)
+    summary = []
+    for dataset in "ab":
+        part = [r for r in rows if r["dataset"] == dataset]
+        ours = statistics.fmean(r["mean_gain"] for r in part)
+        worst = min(r["success_rate"] for r in part)
+        overall = sum(r["success_rate"] * r["trials"] for r in part) / sum(
+            r["trials"] for r in part
+        )
+        summary.append(
+            f"- ({dataset}): average gain over d {ours:.2f}x "
+            f"(paper {PAPER_AVERAGE_GAIN[dataset]}x), success {overall:.3f} over all trials, "
+            f"lowest per-d success {worst:.2f}."
+        )
+    large = [d for d in dims if d > args.large_dim]
+    notes = "\n".join(
+        [
+            "Section 5.1 / Figure 1 of Baharav et al. (NeurIPS 2024) at the released "
+            "experiment's scale: (a) A = 0 except a first row of 1/d, plus N(0, 1/(10 d^2)) "
+            "noise, x = ones; (b) A iid N(0, 1/d^2), x = sign(A_1). n = 100, eps = 0.3, "
+            "delta = 0.1, no constant tuning, a fresh instance per trial, "
+            f"{args.trials} trials per d"
+            + (
+                f" ({args.large_trials} for the {len(large)} largest d > {args.large_dim:.0e}, "
+                "to keep the run under 30 minutes on 2 shared cores)"
+                if large and args.large_trials != args.trials
+                else ""
+            )
+            + ". Gain = n d / samples_used (scalar products A_ij x_j computed, pull reuse "
+            "included; the column norms and the transposed copy of A are preprocessing and not "
+            "counted). Success = exact top-1 and probability within (1 +- eps). "
+            "Average gain = mean over d of the per-d mean gain, as in the paper.",
+            "",
+            *summary,
+            "",
+            f"torch threads: {args.threads}. Reproduce: `.venv/bin/python -m "
+            f"benchmarks.adaptive_softmax{' --quick' if args.quick else ''}`.",
+        ]
+    )
+    write_results(
+        f"adaptive_softmax_synthetic{suffix}",
+        rows,
+        title="AdaptiveSoftmax on the synthetic datasets of Figure 1",
+        notes=notes,
+        columns=["dataset", "d", "trials", "mean_gain", "std_gain", "success_rate"],
+    )
+    if not args.quick:
+        plot_synthetic(rows)
+    if args.skip_wallclock:
+        return
+    batches = [1, 4] if args.quick else [1, 64]
+    wall_rows = run_wallclock(
+        32000, 4096, batches, args.wall_repeats, args.calibration_queries, args.seed
+    )
+    write_results(
+        f"adaptive_softmax_wallclock{suffix}",
+        wall_rows,
+        title="AdaptiveSoftmax wall clock against dense softmax top-1, (n, d) = (32000, 4096)",
+        notes=(
+            "Random data: A iid N(0, 1/d), x iid N(0, 1), so the logits are about N(0, 1) and "
+            "the softmax is nearly flat (top probability about 1e-3): the hard case for "
+            "AdaptiveSoftmax, whose normalisation estimate then needs every arm to about 2% "
+            "and reads nearly all of A. Dense = torch.softmax(x @ A.T).topk(1) in fp32. "
+            "Times per query; batch 1 is the median over the repeats, the large batch is one "
+            "run. 'calibrated' tunes the two variance factors (Appendix C.4, tolerance 0.1 in "
+            "log10) on held-out random queries, so its guarantee is empirical. The trained PTB "
+            "LSTM head of the issue needs a recipe that does not exist yet: skipped. "
+            f"torch threads: {args.threads}."
+        ),
+        columns=[
+            "variant",
+            "batch",
+            "dense_ms_per_query",
+            "adaptive_ms_per_query",
+            "slowdown",
+            "mean_gain",
+            "success_rate",
+            "note",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
