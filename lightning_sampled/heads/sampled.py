@@ -20,7 +20,8 @@ class SampledSoftmaxHead(OutputHead):
     and the loss is the cross-entropy of the positive among the ``1 + M`` corrected logits. Without
     accidental-hit removal the gradient tends to the full-softmax gradient as ``M`` grows; with it
     (the default), draws equal to the target get ``-inf``, which drops the target's own share
-    ``p_y`` from the estimated normaliser.
+    ``p_y`` from the estimated normaliser. The sampler's :meth:`~Sampler.auxiliary_loss` (non-zero
+    only for samplers that learn, such as MIDX-Learn) is added to the returned loss.
 
     Args:
         num_classes: ``N``.
@@ -122,7 +123,8 @@ class SampledSoftmaxHead(OutputHead):
         if y.numel() == 0:
             return z.sum() * 0.0
         logits = self.sampled_logits(z_valid, y)
-        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+        loss = (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+        return loss + self.sampler.auxiliary_loss(z_valid, self.weight)
 
     def extra_repr(self) -> str:
         return (

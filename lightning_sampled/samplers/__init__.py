@@ -1,6 +1,8 @@
 """Proposals ``q(i | z)``: draw negatives and report their normalised log-probabilities."""
 
 from .base import Sample, Sampler
+from .midx import MIDXSampler
 from .static import LogUniformSampler, UniformSampler, UnigramSampler
 
 __all__ = ["LogUniformSampler", "Sample", "Sampler", "UniformSampler", "UnigramSampler"]
+__all__ += ["MIDXSampler"]

@@ -99,6 +99,17 @@ class Sampler(nn.Module):
     def refresh(self, class_embeddings: Tensor) -> None:
         """Rebuilds index buffers from the ``[N, D]`` class table; a no-op for static samplers."""
 
+    def auxiliary_loss(self, z: Tensor, class_embeddings: Tensor) -> Tensor:
+        """A loss that trains the sampler's own parameters (e.g. MIDX-Learn's codewords).
+
+        Sampled heads add it to their objective. ``0`` for samplers without parameters.
+
+        Args:
+            z: ``[T, D]`` the step's queries.
+            class_embeddings: ``[N, D]`` the class table.
+        """
+        return z.new_zeros((), dtype=torch.float32)
+
     def _sample(
         self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
     ) -> Sample:

@@ -1,0 +1,162 @@
+"""``IndexRefresh``: rebuilds every index in the model before training and then on schedule.
+
+An index (MIDX's codebooks and cells, a class tree, ...) goes stale as the class table trains. Every
+submodule with a ``refresh_index()`` method (heads with an index implement one) is rebuilt before
+the first training batch and then every ``every_n_epochs`` epochs (at the first batch of the epoch)
+and / or every ``every_n_train_steps`` optimizer steps.
+
+Under DDP, rank 0 builds and broadcasts the index state (every buffer of the refreshed module and
+the parameters of its samplers, such as MIDX-Learn's codewords) so that every rank samples from the
+same index. Tip: with millions of classes, pass ``DDPStrategy(broadcast_buffers=False)``: DDP would
+otherwise re-broadcast the index buffers at every forward pass, and this callback already keeps
+them identical.
+
+The callback's state (when it last refreshed) is checkpointed, and the index buffers are in the
+model's checkpoint, so a resumed run samples from the same index and refreshes on the same schedule
+as an uninterrupted one. A run that starts without that state refreshes before its first batch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+from ..samplers import Sampler
+
+
+class IndexRefresh(Callback):
+    """Calls ``refresh_index()`` on every submodule that has one, on a schedule.
+
+    Logs ``index_refresh/seconds`` and, for every submodule with ``index_stats()`` (e.g.
+    :class:`~lightning_sampled.samplers.MIDXSampler`), ``index_refresh/<module path>/<stat>``
+    (quantisation MSE, non-empty cells, largest cell).
+
+    Args:
+        every_n_epochs: refresh at the start of every epoch divisible by this; ``None`` for never
+            by epoch.
+        every_n_train_steps: refresh before the batch where the global step is divisible by this;
+            ``None`` for never by step. With both ``None`` the index is built once, before the
+            first batch.
+    """
+
+    def __init__(self, every_n_epochs: int | None = 1, every_n_train_steps: int | None = None):
+        for name, value in (
+            ("every_n_epochs", every_n_epochs),
+            ("every_n_train_steps", every_n_train_steps),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        self.every_n_epochs = every_n_epochs
+        self.every_n_train_steps = every_n_train_steps
+        self.last_epoch: int | None = None
+        self.last_step: int | None = None
+        self.num_refreshes = 0
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._due(trainer.current_epoch, trainer.global_step):
+            seconds, stats = self.refresh(pl_module)
+            self.last_epoch, self.last_step = trainer.current_epoch, trainer.global_step
+            pl_module.log("index_refresh/seconds", seconds, on_step=True, on_epoch=False)
+            for name, value in stats.items():
+                pl_module.log(f"index_refresh/{name}", value, on_step=True, on_epoch=False)
+
+    def _due(self, epoch: int, step: int) -> bool:
+        if self.last_step is None:
+            return True
+        by_step = self.every_n_train_steps is not None and (
+            step % self.every_n_train_steps == 0 and step != self.last_step
+        )
+        by_epoch = self.every_n_epochs is not None and (
+            epoch % self.every_n_epochs == 0 and epoch != self.last_epoch
+        )
+        return by_step or by_epoch
+
+    @torch.no_grad()
+    def refresh(self, root: nn.Module) -> tuple[float, dict[str, float]]:
+        """Refreshes every index under ``root`` now (rank 0 builds and broadcasts under DDP).
+
+        Returns:
+            ``(seconds, stats)``: wall-clock seconds of the refresh (broadcast included) and
+            ``{"<module path>/<stat>": value}`` from every submodule with ``index_stats()``.
+        """
+        start = time.perf_counter()
+        targets = refresh_targets(root)
+        if not targets:
+            rank_zero_warn("IndexRefresh found no submodule with a refresh_index() method")
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        for _, module in targets:
+            if not distributed or dist.get_rank() == 0:
+                module.refresh_index()
+            if distributed:
+                broadcast_index_state(module, src=0)
+        self.num_refreshes += 1
+        stats = {
+            f"{name}/{key}": value
+            for name, module in root.named_modules()
+            if callable(getattr(module, "index_stats", None))
+            for key, value in module.index_stats().items()
+        }
+        return time.perf_counter() - start, stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "last_epoch": self.last_epoch,
+            "last_step": self.last_step,
+            "num_refreshes": self.num_refreshes,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_epoch = state_dict["last_epoch"]
+        self.last_step = state_dict["last_step"]
+        self.num_refreshes = state_dict["num_refreshes"]
+
+
+def refresh_targets(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost submodules of ``root`` (``root`` included) with a ``refresh_index()``.
+
+    A module nested inside one already found is left to its parent's ``refresh_index()``.
+    """
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in root.named_modules():
+        if not callable(getattr(module, "refresh_index", None)):
+            continue
+        if any(name.startswith(f"{outer}.") or outer == "" for outer, _ in found):
+            continue
+        found.append((name, module))
+    return found
+
+
+def broadcast_index_state(module: nn.Module, src: int = 0) -> None:
+    """Copies rank ``src``'s index state of ``module`` to every rank (``torch.distributed``).
+
+    The index state is every buffer of ``module`` and every parameter of its
+    :class:`~lightning_sampled.samplers.Sampler` submodules. Buffers whose size differs on a rank
+    (sized at the first refresh) are resized there first. Tensors travel on their own device, so
+    this works with gloo (CPU) and NCCL (CUDA).
+    """
+    state = dict(module.named_buffers())
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, Sampler):
+            for name, param in sub.named_parameters(recurse=False):
+                state[f"{prefix}.{name}" if prefix else name] = param.data
+    shapes = [{name: (tuple(t.shape), t.dtype) for name, t in state.items()}]
+    dist.broadcast_object_list(shapes, src=src)
+    for name, (shape, dtype) in shapes[0].items():
+        tensor = state[name]
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            owner_name, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            tensor = torch.empty(shape, dtype=dtype, device=tensor.device)
+            owner._buffers[leaf] = tensor
+        dist.broadcast(tensor, src=src)

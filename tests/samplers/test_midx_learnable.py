@@ -1,0 +1,95 @@
+"""MIDX-Learn: learnable codewords, the auxiliary loss (chunked, subset), refresh semantics."""
+
+import pytest
+import torch
+
+from lightning_sampled.samplers import MIDXSampler
+
+
+def setup(quantizer="rq", n=60, d=6, **kwargs):
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(n, d, generator=g)
+    sampler = MIDXSampler(n, 4, quantizer, learnable=True, dim=d, kmeans_iters=5, **kwargs)
+    sampler.refresh(emb)
+    return sampler, emb, torch.randn(5, d, generator=g)
+
+
+def brute_force_loss(sampler, z, emb, ids):
+    """Section 6.2.3 written out over the classes ``ids``, no chunks."""
+    codewords = sampler.codewords
+    q = emb[ids]
+    if sampler.quantizer.name == "pq":
+        h = q.shape[1] // 2
+        w1 = torch.softmax(q[:, :h] @ codewords[0].T, -1)
+        w2 = torch.softmax(q[:, h:] @ codewords[1].T, -1)
+        q_hat = torch.cat([w1 @ codewords[0], w2 @ codewords[1]], 1)
+    else:
+        first = torch.softmax(q @ codewords[0].T, -1) @ codewords[0]
+        q_hat = first + torch.softmax((q - first) @ codewords[1].T, -1) @ codewords[1]
+    reconstruction = ((q_hat - q) ** 2).sum(1).mean()
+    p = torch.softmax(z @ q.T, -1)
+    p_hat = torch.softmax(z @ q_hat.T, -1)
+    kl = torch.log((p * p / p_hat).sum(-1)).mean()
+    return sampler.reconstruction_weight * reconstruction + sampler.kl_weight * kl
+
+
+@pytest.mark.parametrize("quantizer", ["pq", "rq"])
+def test_full_auxiliary_loss_matches_the_paper_and_its_gradient(quantizer):
+    sampler, emb, z = setup(quantizer, kl_num_classes=None, kl_chunk_size=7, kl_weight=0.5)
+    loss = sampler.auxiliary_loss(z, emb)
+    (grad,) = torch.autograd.grad(loss, sampler.codewords)
+    expected = brute_force_loss(sampler, z, emb, torch.arange(60))
+    (expected_grad,) = torch.autograd.grad(expected, sampler.codewords)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+def test_subset_auxiliary_loss_uses_the_drawn_classes_and_skips_padding():
+    sampler, emb, z = setup(kl_num_classes=25, padding_idx=3)
+    loss = sampler.auxiliary_loss(z, emb, generator=torch.Generator().manual_seed(4))
+    ranks = torch.randint(59, (25,), generator=torch.Generator().manual_seed(4))
+    ids = ranks + (ranks >= 3).long()
+    torch.testing.assert_close(loss, brute_force_loss(sampler, z, emb, ids))
+
+
+def test_only_codewords_get_gradients_and_training_lowers_the_loss():
+    sampler, emb, z = setup(kl_num_classes=None)
+    emb.requires_grad_(True)
+    z.requires_grad_(True)
+    optimizer = torch.optim.Adam(sampler.parameters(), lr=0.05)
+    losses = []
+    for _ in range(40):
+        optimizer.zero_grad()
+        loss = sampler.auxiliary_loss(z, emb)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert emb.grad is None and z.grad is None
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_later_refreshes_keep_learned_codewords_and_reassign_classes():
+    sampler, emb, _ = setup("pq")
+    assert isinstance(sampler.codewords, torch.nn.Parameter)
+    assert [name for name, _ in sampler.named_parameters()] == ["codewords"]
+    with torch.no_grad():
+        sampler.codewords.add_(0.3 * torch.randn_like(sampler.codewords))
+    learned = sampler.codewords.detach().clone()
+    sampler.refresh(emb)
+    assert torch.equal(sampler.codewords.detach(), learned)
+    codes = sampler.quantizer.encode(emb, learned)
+    assert torch.equal(sampler.class_cells, codes[:, 0] * 4 + codes[:, 1])
+    # Sampling follows the current codewords (Eq. 6 with the learned reconstruction).
+    z = torch.randn(2, 6)
+    reconstruction = sampler.quantizer.decode(codes, learned)
+    torch.testing.assert_close(
+        sampler.log_prob(z, torch.arange(60)), torch.log_softmax(z @ reconstruction.T, -1)
+    )
+
+
+def test_non_learnable_auxiliary_loss_is_zero():
+    sampler = MIDXSampler(30, 3, kmeans_iters=3)
+    sampler.refresh(torch.randn(30, 4))
+    loss = sampler.auxiliary_loss(torch.randn(2, 4), torch.randn(30, 4))
+    assert loss.shape == () and float(loss) == 0.0
+    assert list(sampler.parameters()) == []

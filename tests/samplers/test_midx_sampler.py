@@ -1,0 +1,310 @@
+"""MIDXSampler: exact mode is the softmax, fast mode is Eq. (6), draws follow log_q, checkpoints."""
+
+import io
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from lightning_sampled.heads import SampledSoftmaxHead
+from lightning_sampled.samplers import MIDXSampler
+from lightning_sampled.samplers.midx import _inverse_cdf, _inverse_cdf_in_row
+
+QUANTIZERS = ["pq", "rq"]
+
+
+def table(n: int, d: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    return scale * torch.randn(n, d, generator=torch.Generator().manual_seed(seed))
+
+
+def built(n=120, d=8, k=4, quantizer="rq", mode="fast", padding_idx=None, seed=0, scale=1.0):
+    sampler = MIDXSampler(n, k, quantizer, mode, padding_idx=padding_idx, kmeans_iters=10)
+    sampler.refresh(table(n, d, seed, scale))
+    return sampler
+
+
+def full_log_softmax(z, emb, padding_idx=None):
+    logits = z @ emb.T
+    if padding_idx is not None:
+        logits[:, padding_idx] = -math.inf
+    return torch.log_softmax(logits, dim=-1)
+
+
+def chi_square_pvalue(draws: torch.Tensor, probs: torch.Tensor) -> float:
+    observed = torch.bincount(draws, minlength=probs.numel()).double()
+    keep = probs > 0
+    assert observed[~keep].sum() == 0, "a zero-probability class was drawn"
+    expected = probs[keep].double() * draws.numel()
+    expected = expected * observed[keep].sum() / expected.sum()
+    return chisquare(observed[keep].numpy(), expected.numpy()).pvalue
+
+
+# -- exact mode: Theorem 1 -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+@pytest.mark.parametrize("padding_idx", [None, 5])
+def test_exact_mode_proposal_is_the_full_softmax(quantizer, padding_idx):
+    n, d = 150, 8
+    emb = table(n, d, seed=1)
+    sampler = MIDXSampler(n, 5, quantizer, "exact", padding_idx=padding_idx, kmeans_iters=10)
+    sampler.refresh(emb)
+    z = table(6, d, seed=2)
+    log_q = sampler.log_prob(z, torch.arange(n))
+    expected = full_log_softmax(z, emb, padding_idx)
+    torch.testing.assert_close(log_q.exp(), expected.exp(), atol=1e-5, rtol=1e-5)
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(log_q[finite], expected[finite], atol=1e-4, rtol=1e-5)
+    assert torch.equal(torch.isfinite(log_q), finite)
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_exact_mode_draws_follow_the_softmax(quantizer):
+    n, d = 60, 6
+    emb = table(n, d, seed=3)
+    sampler = MIDXSampler(n, 3, quantizer, "exact", padding_idx=7, kmeans_iters=10)
+    sampler.refresh(emb)
+    z = table(2, d, seed=4)
+    draw = sampler.sample(z, 30000, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(draw.log_q, sampler.log_prob(z, draw.ids))
+    probs = full_log_softmax(z, emb, 7).exp()
+    for b in range(2):
+        assert chi_square_pvalue(draw.ids[b], probs[b]) > 1e-3
+
+
+# -- fast mode: Theorem 2 / Eq. (6) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_fast_mode_log_q_is_softmax_of_o_minus_residual_logits(quantizer, padding_idx):
+    n, d, k = 200, 10, 4
+    emb = table(n, d, seed=5)
+    sampler = MIDXSampler(n, k, quantizer, "fast", padding_idx=padding_idx, kmeans_iters=10)
+    sampler.refresh(emb)
+    # Brute force from the buffers: q_i - r_i is the reconstruction c1[k1] (+) c2[k2].
+    cells = sampler.class_cells
+    k1, k2 = cells.clamp(min=0) // k, cells.clamp(min=0) % k
+    c1, c2 = sampler.codewords[0], sampler.codewords[1]
+    if quantizer == "pq":
+        reconstruction = torch.cat([c1[k1], c2[k2]], dim=1)
+    else:
+        reconstruction = c1[k1] + c2[k2]
+    residual = emb - reconstruction
+    z = table(5, d, seed=6)
+    o, o_residual = z @ emb.T, z @ residual.T
+    closed_form = torch.log_softmax((o - o_residual).masked_fill(cells < 0, -math.inf), dim=-1)
+    log_q = sampler.log_prob(z, torch.arange(n))
+    finite = torch.isfinite(closed_form)
+    torch.testing.assert_close(log_q[finite], closed_form[finite], atol=2e-5, rtol=1e-5)
+    assert torch.equal(torch.isfinite(log_q), finite)
+    # ... and it is not the softmax itself: the residuals matter.
+    assert (log_q[finite] - full_log_softmax(z, emb, padding_idx)[finite]).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_fast_mode_draw_frequencies_pass_chi_square(quantizer):
+    sampler = built(n=200, d=8, k=4, quantizer=quantizer, padding_idx=11, seed=7)
+    z = table(3, 8, seed=8, scale=0.7)
+    draw = sampler.sample(z, 40000, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(draw.log_q, sampler.log_prob(z, draw.ids))
+    probs = sampler.log_prob(z, torch.arange(200)).exp()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
+    assert probs[:, 11].eq(0).all()
+    for b in range(3):
+        assert chi_square_pvalue(draw.ids[b], probs[b]) > 1e-3
+
+
+def test_fast_mode_chi_square_catches_a_wrong_proposal():
+    # The same frequencies tested against the full softmax (not what fast mode draws) must fail.
+    n, d = 200, 8
+    emb = table(n, d, seed=7)
+    sampler = MIDXSampler(n, 4, "pq", "fast", kmeans_iters=10)
+    sampler.refresh(emb)
+    z = table(1, d, seed=8)
+    draw = sampler.sample(z, 40000, generator=torch.Generator().manual_seed(1))
+    assert chi_square_pvalue(draw.ids[0], full_log_softmax(z, emb)[0].exp()) < 1e-6
+
+
+def test_draws_stay_in_their_cell_and_empty_cells_are_never_drawn():
+    # 64 cells for 40 classes: most cells are empty.
+    sampler = built(n=40, d=6, k=8, quantizer="pq", seed=9)
+    counts = sampler.cell_counts
+    assert (counts == 0).sum() > 20
+    z = table(4, 6, seed=10, scale=3.0)
+    draw = sampler.sample(z, 5000, generator=torch.Generator().manual_seed(2))
+    assert counts[sampler.class_cells[draw.ids]].min() > 0
+    assert torch.isfinite(draw.log_q).all()
+
+
+def test_inverse_cdf_never_returns_a_zero_probability_entry():
+    probs = torch.tensor([[0.25, 0.0, 0.75, 0.0, 0.0]])
+    u = torch.tensor([[0.0, 0.25, 0.2499, 0.99999994]])
+    assert _inverse_cdf(probs, u).tolist() == [[0, 2, 0, 2]]
+    # fp32 running sums that end below 1 (here 0.9999) still map every u in [0, 1) in range.
+    short = torch.tensor([[0.3, 0.3, 0.3999, 0.0]])
+    assert _inverse_cdf(short, torch.tensor([[0.99999994]])).item() == 2
+
+
+def test_inverse_cdf_in_row_draws_from_the_chosen_row_only():
+    probs = torch.tensor(
+        [[[0.0, 0.5, 0.5, 0.0], [0.0] * 4, [0.2, 0.0, 0.0, 0.0], [1.0, 1.0, 0, 0]]]
+    )
+    rows = torch.tensor([[0, 0, 0, 2, 2, 3, 3, 3]])
+    u = torch.tensor([[0.0, 0.5, 0.99999994, 0.0, 0.99999994, 0.0, 0.5, 0.99999994]])
+    assert _inverse_cdf_in_row(probs, rows, u).tolist() == [[1, 2, 2, 0, 0, 0, 1, 1]]
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(3, 5, 5, generator=g) * (torch.rand(3, 5, 5, generator=g) > 0.4)
+    probs[:, :, 0] += 1e-3
+    rows = torch.randint(0, 5, (3, 20000), generator=g)
+    cols = _inverse_cdf_in_row(probs, rows, torch.rand(3, 20000, generator=g))
+    assert (probs[torch.arange(3)[:, None], rows, cols] > 0).all()
+    for r in range(5):
+        drawn = torch.bincount(cols[0][rows[0] == r], minlength=5).double()
+        expected = probs[0, r].double() / probs[0, r].sum()
+        torch.testing.assert_close(drawn / drawn.sum(), expected, atol=0.03, rtol=0)
+
+
+def test_sampling_is_reproducible_with_a_generator_and_needs_no_shared_draws():
+    sampler = built()
+    z = table(3, 8, seed=1)
+    a = sampler.sample(z, 50, generator=torch.Generator().manual_seed(3))
+    b = sampler.sample(z, 50, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.log_q, b.log_q)
+    assert a.ids.shape == (3, 50) and a.ids.dtype == torch.long
+    with pytest.raises(ValueError, match="shared negatives need a query-independent"):
+        sampler.sample(z, 5, shared=True)
+
+
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_autocast_leaves_the_proposal_in_fp32(mode):
+    sampler = built(mode=mode)
+    z = table(3, 8, seed=1)
+    expected = sampler.log_prob(z, torch.arange(120))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = sampler.log_prob(z.bfloat16(), torch.arange(120))
+        draw = sampler.sample(z, 10, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(got, sampler.log_prob(z.bfloat16().float(), torch.arange(120)))
+    assert got.dtype == torch.float32 and draw.log_q.dtype == torch.float32
+    torch.testing.assert_close(draw.log_q, expected.gather(1, draw.ids))
+
+
+def test_log_prob_of_shared_ids_is_per_query():
+    sampler = built()
+    z = table(3, 8, seed=1)
+    ids = torch.tensor([0, 5, 7])
+    per_query = sampler.log_prob(z, ids)
+    assert per_query.shape == (3, 3)
+    torch.testing.assert_close(per_query, sampler.log_prob(z, ids.expand(3, -1)))
+
+
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_sampled_softmax_head_trains_with_midx(mode):
+    n, d = 80, 8
+    head = SampledSoftmaxHead(n, d, MIDXSampler(n, 4, "rq", mode, kmeans_iters=5), 10)
+    head.refresh_index()
+    z = torch.randn(6, d, requires_grad=True)
+    loss = head(z, torch.randint(0, n, (6,)))
+    loss.backward()
+    assert torch.isfinite(loss) and z.grad is not None and head.weight.grad is not None
+
+
+# -- refresh, checkpoints -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_checkpoint_restores_the_index_bit_for_bit(mode, quantizer):
+    n, d = 90, 6
+    source = MIDXSampler(n, 4, quantizer, mode, padding_idx=2, kmeans_iters=5)
+    source.refresh(table(n, d, seed=11))
+    buffer = io.BytesIO()
+    torch.save(source.state_dict(), buffer)
+    buffer.seek(0)
+    restored = MIDXSampler(n, 4, quantizer, mode, padding_idx=2)
+    assert not restored.is_built
+    restored.load_state_dict(torch.load(buffer))
+    assert restored.is_built
+    for (name, a), (_, b) in zip(source.named_buffers(), restored.named_buffers(), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.nan_to_num(), b.nan_to_num()), name
+    z = table(4, d, seed=12)
+    a = source.sample(z, 64, generator=torch.Generator().manual_seed(5))
+    b = restored.sample(z, 64, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.log_q, b.log_q)
+
+
+def test_head_checkpoint_restores_sampling():
+    n, d = 70, 8
+    head = SampledSoftmaxHead(n, d, MIDXSampler(n, 4, kmeans_iters=5), 10)
+    head.refresh_index()
+    other = SampledSoftmaxHead(n, d, MIDXSampler(n, 4), 10)
+    other.load_state_dict(head.state_dict())
+    z = torch.randn(3, d)
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    assert torch.equal(
+        head.sampler.sample(z, 20, generator=g1).ids, other.sampler.sample(z, 20, generator=g2).ids
+    )
+
+
+def test_refresh_warm_starts_and_counts():
+    sampler = built(n=300, d=8, k=6)
+    first = sampler.codewords.clone()
+    sampler.refresh(table(300, 8, seed=0) + 0.01)
+    assert int(sampler.num_refreshes) == 2
+    assert (sampler.codewords - first).abs().max() < 0.2
+    stats = sampler.index_stats()
+    assert stats["nonempty_cells"] <= 36 and stats["quantization_mse"] > 0
+    assert stats["max_cell_size"] == float(sampler.cell_counts.max())
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"codebook_size": 1}, "codebook_size must be in"),
+        ({"codebook_size": 11}, "codebook_size must be in"),
+        ({"codebook_size": 10, "padding_idx": 0}, r"codebook_size must be in \[2, 9\]"),
+        ({"quantizer": "opq"}, "quantizer must be one of"),
+        ({"mode": "approx"}, "mode must be one of"),
+        ({"learnable": True}, "learnable=True needs dim"),
+        ({"quantizer": "pq", "dim": 7}, "must be even, got 7"),
+        ({"kl_num_classes": 0}, "kl_num_classes must be a positive integer"),
+        ({"kl_weight": -1.0}, "kl_weight must be a finite number"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, match):
+    args = {"codebook_size": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        MIDXSampler(10, **args)
+
+
+def test_refresh_rejects_bad_class_tables():
+    sampler = MIDXSampler(20, 4, "pq")
+    with pytest.raises(ValueError, match="must be even, got 5"):
+        sampler.refresh(torch.randn(20, 5))
+    with pytest.raises(ValueError, match=r"shape \[num_classes=20, D\]"):
+        sampler.refresh(torch.randn(19, 4))
+    bad = torch.randn(20, 4)
+    bad[3, 1] = math.nan
+    with pytest.raises(ValueError, match=r"class_embeddings contains NaN values \(row 3 of"):
+        sampler.refresh(bad)
+    bad[3, 1] = math.inf
+    with pytest.raises(ValueError, match="class_embeddings contains infinite values"):
+        sampler.refresh(bad)
+    assert not sampler.is_built
+    with pytest.raises(ValueError, match="D = dim = 6"):
+        MIDXSampler(20, 4, dim=6).refresh(torch.randn(20, 4))
+
+
+def test_using_the_sampler_before_its_first_refresh_is_a_clear_error():
+    sampler = MIDXSampler(20, 4)
+    with pytest.raises(RuntimeError, match="no index yet: call refresh"):
+        sampler.sample(torch.randn(2, 4), 3)
+    with pytest.raises(RuntimeError, match="no index yet"):
+        sampler.log_prob(torch.randn(2, 4), torch.tensor([1]))
+    sampler.refresh(torch.randn(20, 4))
+    with pytest.raises(ValueError, match="z must have 4 features"):
+        sampler.sample(torch.randn(2, 5), 3)
