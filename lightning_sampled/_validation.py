@@ -6,6 +6,8 @@ and the offending value, so that bad input never turns into a silently wrong num
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -15,6 +17,23 @@ def check_positive_int(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_finite_number(
+    name: str, value: float, *, minimum: float | None = None, strict: bool = False
+) -> float:
+    """``float(value)`` if it is a finite real number, at least ``minimum`` if given (strictly
+    above it when ``strict``); else ``ValueError`` naming ``name`` and the value."""
+    bad = (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (minimum is not None and (value < minimum or (strict and value == minimum)))
+    )
+    if bad:
+        bound = "" if minimum is None else (f" > {minimum:g}" if strict else f" >= {minimum:g}")
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+    return float(value)
 
 
 def check_padding_idx(padding_idx: int | None, num_classes: int) -> int | None:

@@ -1,1 +1,8 @@
 """Callbacks: when indexes are rebuilt, temperatures annealed and diagnostics logged."""
+
+from .diagnostics import SamplerDiagnostics
+from .index_refresh import IndexRefresh
+from .temperature import TemperatureSchedule
+
+__all__ = ["TemperatureSchedule"]
+__all__ += ["IndexRefresh", "SamplerDiagnostics"]

@@ -1,7 +1,11 @@
-"""Heads: the objectives. Each owns (or ties) the class table and turns ``(z, target)`` into a loss."""
+"""Heads: the objectives; each owns (or ties) the class table and turns ``(z, target)`` into a
+loss."""
 
 from .base import OutputHead
 from .full import FullSoftmaxHead
+from .ove import OneVsEachHead
 from .sampled import SampledSoftmaxHead
+from .tapas import TapasHead, TapasSelection
 
 __all__ = ["FullSoftmaxHead", "OutputHead", "SampledSoftmaxHead"]
+__all__ += ["OneVsEachHead", "TapasHead", "TapasSelection"]

@@ -129,6 +129,24 @@ class OutputHead(nn.Module):
         rows = F.embedding(ids, self.weight)
         return rows, None if self.bias is None else self.bias[ids]
 
+    def candidate_logits(self, z: Tensor, ids: Tensor) -> Tensor:
+        """fp32 logits ``z . w_c + b_c`` of candidate classes, gathered through
+        :meth:`class_rows`.
+
+        Args:
+            z: ``[T, D]`` queries.
+            ids: long ``[M]`` (the same candidates for every query) or ``[T, M]`` (per query).
+
+        Returns:
+            ``[T, M]`` fp32 logits.
+        """
+        rows, bias = self.class_rows(ids)
+        if ids.dim() == 1:
+            logits = (z @ rows.T).float()
+        else:
+            logits = torch.bmm(rows, z[:, :, None]).squeeze(-1).float()
+        return logits if bias is None else logits + bias.float()
+
     # -- exact methods ----------------------------------------------------------------------------
 
     def logits(self, z: Tensor) -> Tensor:

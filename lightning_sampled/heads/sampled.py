@@ -100,15 +100,8 @@ class SampledSoftmaxHead(OutputHead):
         with torch.no_grad():
             draw = self.sampler.sample(z.detach(), m, shared=self.shared_negatives)
             pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])[:, 0]
-        pos_rows, pos_bias = self.class_rows(target)
-        neg_rows, neg_bias = self.class_rows(draw.ids)
-        pos = (z * pos_rows).sum(-1).float()
-        if self.shared_negatives:
-            neg = (z @ neg_rows.T).float()
-        else:
-            neg = torch.bmm(neg_rows, z[:, :, None]).squeeze(-1).float()
-        if pos_bias is not None:
-            pos, neg = pos + pos_bias.float(), neg + neg_bias.float()
+        pos = self.candidate_logits(z, target[:, None])[:, 0]
+        neg = self.candidate_logits(z, draw.ids)
         log_m = math.log(m)
         pos = pos - (log_m + pos_log_q)
         neg = neg - (log_m + draw.log_q)

@@ -1,0 +1,286 @@
+"""``TapasHead``: two-pass approximate adaptive sampling for the softmax (Bai et al., 2017).
+
+Algorithm 1 of the paper, per batch: a non-adaptive pass draws ``min(r n, N)`` distinct classes
+``S'`` from a static proposal (the squashed unigram); an adaptive pass keeps the ``n`` classes of
+``S'`` with the largest batch score ``sum_i exp(f_i(c) / tau)``. The batch then trains a sampled
+softmax over the positive and these ``n`` shared negatives, deliberately *without* correcting for
+the adaptive pass, so that training focuses on hard negatives (the paper targets the rank loss,
+not the softmax loss). ``num_shards = m`` is Algorithm 2's approximation: classes are split at
+random into ``m`` shards (parameter servers) and each contributes its own top ``n / m``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_finite_number, check_positive_int
+from ..samplers import Sampler
+from ..samplers.base import skip_padding
+from .sampled import SampledSoftmaxHead
+
+# The first pass gives up (with an error) after this many draws per drawable class.
+_MAX_DRAWS_PER_CLASS = 16
+
+
+class TapasSelection(NamedTuple):
+    """The two passes of one batch.
+
+    Attributes:
+        candidates: long ``[K]``, the first pass ``S'``: ``K = min(r n, N')`` distinct classes.
+        scores: fp32 ``[K]``, the batch score ``log sum_i exp(f_i(c) / tau)`` of each candidate.
+        negatives: long ``[n]``, the second pass ``S`` (fewer than ``n`` only when a shard holds
+            fewer than ``n / m`` candidates).
+        num_draws: i.i.d. draws from the presampler consumed to collect ``S'`` (``inf`` when
+            ``S'`` is every drawable class).
+    """
+
+    candidates: Tensor
+    scores: Tensor
+    negatives: Tensor
+    num_draws: float
+
+
+@torch.no_grad()
+def draw_distinct(sampler: Sampler, z: Tensor, k: int) -> tuple[Tensor, float]:
+    """``k`` distinct classes from a query-independent proposal, without replacement.
+
+    Successive sampling: i.i.d. draws (in rounds of doubling size) are kept in order of first
+    appearance until ``k`` distinct classes are seen, which is sampling without replacement with
+    probabilities proportional to ``q`` (what ``torch.multinomial(q, k, replacement=False)``
+    draws), at ``O(k)`` expected cost instead of ``O(N)``. When ``k`` covers every drawable class
+    they are all returned.
+
+    Args:
+        sampler: a query-independent proposal.
+        z: ``[T, D]`` queries (only their device matters).
+        k: how many classes, ``>= 1``.
+
+    Returns:
+        ``(ids, num_draws)``: long ``[min(k, N')]`` distinct ids and the number of i.i.d. draws
+        up to the ``k``-th distinct one (``inf`` when every drawable class is returned).
+
+    Raises:
+        RuntimeError: if ``k`` distinct classes do not turn up within ``16 N'`` draws (a
+            proposal far too skewed for the requested ``k``).
+    """
+    drawable = sampler.num_drawable
+    if k >= drawable:
+        ids = skip_padding(torch.arange(drawable, device=z.device), sampler.padding_idx)
+        return ids, math.inf
+    draws = torch.empty(0, dtype=torch.long, device=z.device)
+    size = k
+    while True:
+        draws = torch.cat([draws, sampler.sample(z, size, shared=True).ids])
+        uniq, inverse = torch.unique(draws, return_inverse=True)
+        if uniq.numel() >= k:
+            positions = torch.arange(draws.numel(), device=z.device)
+            first = torch.full_like(uniq, draws.numel())
+            first = first.scatter_reduce(0, inverse, positions, reduce="amin")
+            last = first.kthvalue(k).values
+            return uniq[first <= last], float(last) + 1.0
+        if draws.numel() >= _MAX_DRAWS_PER_CLASS * drawable:
+            raise RuntimeError(
+                f"the presampler gave only {uniq.numel()} distinct classes in {draws.numel()} "
+                f"draws, fewer than the {k} asked for: lower presample_factor * num_negatives "
+                f"or use a flatter presampler"
+            )
+        size = draws.numel()
+
+
+def log_inclusion(log_q: Tensor, num_draws: float) -> Tensor:
+    """``log(1 - (1 - q)^D)``: the log expected count of a class in ``D`` draws after deduplication.
+
+    Args:
+        log_q: fp32 log-probabilities under one draw, any shape.
+        num_draws: ``D`` (``inf`` gives ``0``: every class is in).
+    """
+    if math.isinf(num_draws):
+        return torch.zeros_like(log_q, dtype=torch.float32)
+    q = log_q.double().exp()
+    return torch.log(-torch.expm1(num_draws * torch.log1p(-q))).float()
+
+
+class TapasHead(SampledSoftmaxHead):
+    """Sampled softmax over ``n`` negatives chosen by TAPAS' two passes, shared by the batch.
+
+    First pass: ``K = min(floor(r n), N')`` distinct classes ``S'`` from ``presampler`` (``N'`` =
+    classes other than ``padding_idx``), drawn without replacement as the paper's subset
+    ``S' c [V]`` of size ``min(r n, |V|)`` reads (see :func:`draw_distinct`). Second pass: the
+    top ``n`` of ``S'`` by ``log sum_i exp(f_i(c) / tau)`` over the batch's scored queries ``i``
+    (a log-sum-exp, so small ``tau`` does not overflow), computed in chunks of ``chunk_size``
+    candidates so that memory is ``[T, chunk_size]``. ``f_i(c) = z_i . w_c + b_c`` is the model's
+    logit (the paper's ``phi(x) . psi(y)`` when ``bias=False``).
+
+    Loss: cross-entropy of the positive among itself and the ``n`` negatives, uncorrected by
+    default as in the paper; negatives equal to a query's target get ``-inf`` for that query.
+    With ``logq_correction=True`` every logit, the positive's included, is corrected by the log
+    expected count of the first pass, ``log(1 - (1 - q_c)^D)`` with ``D`` the draws it took (the
+    correction for deduplicated draws); the adaptive pass is never corrected.
+
+    With ``r = 1`` the second pass keeps all of ``S'`` and the head is a sampled softmax with
+    ``n`` shared negatives drawn without replacement (uncorrected unless asked).
+
+    Args:
+        num_classes: ``N``.
+        dim: ``D``.
+        num_negatives: ``n``, negatives per batch, ``<= N'``.
+        presample_factor: ``r >= 1``; the first pass draws ``min(floor(r n), N')`` classes.
+        temperature: ``tau > 0``, settable during training (see ``TemperatureSchedule``).
+        presampler: any query-independent proposal, e.g.
+            ``UnigramSampler(counts, alpha=0.75)``, the paper's squashed unigram; a uniform
+            proposal when ``None``.
+        num_shards: ``m``, Algorithm 2's number of shards; must divide ``n`` (hence ``m <= N'``).
+            Classes are assigned to shards by a random balanced partition made at construction
+            (a buffer, saved in checkpoints); each shard contributes its top ``n / m`` candidates
+            (all of them if it holds fewer).
+        logq_correction: correct the logits for the first pass.
+        remove_accidental_hits: give ``-inf`` to negatives equal to the query's target.
+        **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size`` of
+            :class:`OutputHead` (``chunk_size`` also chunks the second pass).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        num_negatives: int = 100,
+        presample_factor: float = 8,
+        temperature: float = 1.0,
+        presampler: Sampler | None = None,
+        *,
+        num_shards: int = 1,
+        logq_correction: bool = False,
+        remove_accidental_hits: bool = True,
+        weight: nn.Parameter | None = None,
+        bias: bool = False,
+        padding_idx: int | None = None,
+        ignore_index: int = -100,
+        chunk_size: int | None = None,
+    ) -> None:
+        if isinstance(presampler, Sampler) and not presampler.query_independent:
+            raise ValueError(
+                f"presampler must be query-independent (the first pass is shared by the batch), "
+                f"got {type(presampler).__name__}"
+            )
+        super().__init__(
+            num_classes,
+            dim,
+            presampler,
+            num_negatives,
+            shared_negatives=True,
+            remove_accidental_hits=remove_accidental_hits,
+            weight=weight,
+            bias=bias,
+            padding_idx=padding_idx,
+            ignore_index=ignore_index,
+            chunk_size=chunk_size,
+        )
+        drawable = self.sampler.num_drawable
+        if num_negatives > drawable:
+            raise ValueError(
+                f"num_negatives must be <= {drawable} (the drawable classes), got {num_negatives}"
+            )
+        self.presample_factor = check_finite_number(
+            "presample_factor", presample_factor, minimum=1.0, strict=False
+        )
+        self.num_candidates = min(math.floor(presample_factor * num_negatives), drawable)
+        self.temperature = temperature
+        self.num_shards = check_positive_int("num_shards", num_shards)
+        if num_negatives % num_shards:  # then also num_shards <= num_negatives <= drawable
+            raise ValueError(
+                f"num_shards must divide num_negatives={num_negatives} (each shard contributes "
+                f"num_negatives / num_shards), got {num_shards}"
+            )
+        if num_shards > 1:
+            shard_of = torch.empty(num_classes, dtype=torch.int32)
+            shard_of[torch.randperm(num_classes)] = (
+                torch.arange(num_classes, dtype=torch.int32) % num_shards
+            )
+        else:
+            shard_of = None
+        self.register_buffer("shard_of", shard_of, persistent=True)
+        self.logq_correction = bool(logq_correction)
+
+    @property
+    def presampler(self) -> Sampler:
+        """The first pass' proposal (held as ``self.sampler``)."""
+        return self.sampler
+
+    @property
+    def temperature(self) -> float:
+        """``tau``, the second pass' temperature; must stay positive and finite."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._temperature = check_finite_number("temperature", value, minimum=0.0, strict=True)
+
+    @torch.no_grad()
+    def batch_scores(self, z: Tensor, candidates: Tensor) -> Tensor:
+        """``log sum_i exp(f_i(c) / tau)`` over the queries ``z`` ``[T, D]`` of each candidate.
+
+        Args:
+            z: ``[T, D]`` queries.
+            candidates: long ``[K]`` class ids.
+
+        Returns:
+            fp32 ``[K]``; computed ``chunk_size`` candidates at a time.
+        """
+        parts = [
+            torch.logsumexp(self.candidate_logits(z, chunk) / self._temperature, dim=0)
+            for chunk in candidates.split(self.chunk_for(z.shape[0]))
+        ]
+        return torch.cat(parts)
+
+    @torch.no_grad()
+    def select_negatives(self, z: Tensor) -> TapasSelection:
+        """Runs both passes for the batch of scored queries ``z`` ``[T, D]``."""
+        candidates, num_draws = draw_distinct(self.sampler, z, self.num_candidates)
+        scores = self.batch_scores(z, candidates)
+        n = self.num_negatives
+        if self.num_shards == 1:
+            negatives = candidates[scores.topk(min(n, scores.numel())).indices]
+            return TapasSelection(candidates, scores, negatives, num_draws)
+        # Sort by score, then stably by shard: each shard's candidates in decreasing score.
+        order = scores.argsort(descending=True)
+        shard = self.shard_of[candidates[order]].long()
+        by_shard = shard.argsort(stable=True)
+        order, shard = order[by_shard], shard[by_shard]
+        counts = torch.bincount(shard, minlength=self.num_shards)
+        rank_in_shard = (
+            torch.arange(order.numel(), device=z.device) - (counts.cumsum(0) - counts)[shard]
+        )
+        negatives = candidates[order[rank_in_shard < n // self.num_shards]]
+        return TapasSelection(candidates, scores, negatives, num_draws)
+
+    def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
+        """Logits ``[T, 1 + n]`` of the scored positions: column 0 is the positive.
+
+        Args:
+            z: ``[T, D]`` valid queries.
+            target: long ``[T]`` their targets.
+        """
+        selection = self.select_negatives(z.detach())
+        ids = selection.negatives
+        pos = self.candidate_logits(z, target[:, None])
+        neg = self.candidate_logits(z, ids)
+        if self.logq_correction:
+            with torch.no_grad():
+                pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])
+                neg_log_q = self.sampler.log_prob(z.detach(), ids)
+            pos = pos - log_inclusion(pos_log_q, selection.num_draws)
+            neg = neg - log_inclusion(neg_log_q, selection.num_draws)
+        if self.remove_accidental_hits:
+            neg = neg.masked_fill(ids == target[:, None], -math.inf)
+        return torch.cat([pos, neg], dim=1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, presample_factor={self.presample_factor}, "
+            f"temperature={self._temperature:.4g}, num_shards={self.num_shards}, "
+            f"logq_correction={self.logq_correction}"
+        )
