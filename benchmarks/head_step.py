@@ -1,8 +1,9 @@
 """Forward + backward time and peak memory of one training step of each head.
 
 Compares ``FullSoftmaxHead`` (exact, chunked), plain ``F.cross_entropy(z @ W.T)`` and
-``SampledSoftmaxHead`` (uniform proposal, M = 100, shared and per-query negatives) for
-N in {1e4, 1e5, 1e6}, B = 1024, D = 128.
+``SampledSoftmaxHead`` (uniform proposal, M = 100, shared and per-query negatives, with the dense
+default class-table gradient and with ``sparse_grad=True``) for N in {1e4, 1e5, 1e6}, B = 1024,
+D = 128.
 
 Time: the methods are timed side by side, round-robin (one step of each per round), so that load
 from other processes hits all of them alike; the median over rounds is reported.
@@ -36,7 +37,14 @@ from benchmarks.common import (
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
 from lightning_sampled.samplers import UniformSampler
 
-METHODS = ("plain_cross_entropy", "full_softmax_head", "sampled_shared", "sampled_per_query")
+METHODS = (
+    "plain_cross_entropy",
+    "full_softmax_head",
+    "sampled_shared",
+    "sampled_per_query",
+    "sampled_shared_sparse_grad",
+    "sampled_per_query_sparse_grad",
+)
 
 
 def build_step(method: str, num_classes: int, batch: int, dim: int, device: str) -> Callable:
@@ -63,7 +71,8 @@ def build_step(method: str, num_classes: int, batch: int, dim: int, device: str)
             UniformSampler(num_classes),
             100,
             weight=weight,
-            shared_negatives=method == "sampled_shared",
+            shared_negatives=method.startswith("sampled_shared"),
+            sparse_grad=method.endswith("sparse_grad"),
         ).to(device)
 
         def loss_fn():
@@ -156,7 +165,9 @@ One training step (forward + backward) with B = {args.batch}, D = {args.dim}, de
 {args.device}; median of {args.repeats} round-robin rounds after one warm-up. `peak_mib`: growth of
 peak memory over one step in a fresh process, beyond parameters and inputs (gradients included).
 Targets at N = 1e6: sampled head >= 50x faster than plain cross-entropy; `FullSoftmaxHead` peak
-memory <= 1/4 of plain and time <= 1.2x of plain.
+memory <= 1/4 of plain and time <= 1.2x of plain. With the dense default gradient a sampled step
+still allocates and fills the `[N, D]` class-table gradient (512 MiB at N = 1e6), which is most of
+its time there; `sparse_grad=True` makes that gradient row-sparse.
 
 Reproduce: `make bench` (or `python -m benchmarks.head_step`).
 """

@@ -59,7 +59,8 @@ class OneVsEachHead(SampledSoftmaxHead):
         replacement: draw with replacement (default). ``False`` is only available for the default
             per-query scheme, needs ``M <= N' - 1``, and costs ``O(T x N)`` per step: meant for
             small ``N`` and diagnostics.
-        **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size`` of
+        **kwargs: ``sparse_grad`` of :class:`SampledSoftmaxHead`; ``weight``, ``bias``,
+            ``padding_idx``, ``ignore_index``, ``chunk_size`` of
             :class:`OutputHead`.
     """
 
@@ -72,6 +73,7 @@ class OneVsEachHead(SampledSoftmaxHead):
         *,
         shared_negatives: bool = False,
         replacement: bool = True,
+        sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
         bias: bool = False,
         padding_idx: int | None = None,
@@ -85,6 +87,7 @@ class OneVsEachHead(SampledSoftmaxHead):
             num_negatives,
             shared_negatives=shared_negatives,
             remove_accidental_hits=True,
+            sparse_grad=sparse_grad,
             weight=weight,
             bias=bias,
             padding_idx=padding_idx,
@@ -153,8 +156,8 @@ class OneVsEachHead(SampledSoftmaxHead):
         if y.numel() == 0:
             return z.sum() * 0.0
         ids, log_w = self.draw(z_valid, y)
-        pos = self.candidate_logits(z_valid, y[:, None])
-        neg = self.candidate_logits(z_valid, ids)
+        pos, neg = self.target_and_candidate_logits(z_valid, y, ids)
+        pos = pos[:, None]
         return (F.softplus(neg - pos) * log_w.exp()).sum(dim=1).mean()
 
     def bound_nll(self, z: Tensor, target: Tensor) -> Tensor:

@@ -33,6 +33,11 @@ class SampledSoftmaxHead(OutputHead):
             ``[M, D]`` gather) instead of ``M`` per query (the MIDX paper's style, ``[T, M, D]``).
             Needs a query-independent sampler.
         remove_accidental_hits: give ``-inf`` to negatives equal to the query's target.
+        sparse_grad: make the class table's gradient row-sparse (a sparse COO tensor over the
+            ``T + M`` gathered rows), so that a step costs what the touched rows cost instead of
+            allocating and filling a dense ``[N, D]`` gradient. Needs an optimizer that takes
+            sparse gradients (``torch.optim.SGD``, ``SparseAdam``, ``Adagrad``). The exact
+            methods (``full_loss``, ...) still give dense gradients.
         **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size`` of
             :class:`OutputHead`.
     """
@@ -46,6 +51,7 @@ class SampledSoftmaxHead(OutputHead):
         *,
         shared_negatives: bool = False,
         remove_accidental_hits: bool = True,
+        sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
         bias: bool = False,
         padding_idx: int | None = None,
@@ -84,6 +90,7 @@ class SampledSoftmaxHead(OutputHead):
         self.num_negatives = check_positive_int("num_negatives", num_negatives)
         self.shared_negatives = bool(shared_negatives)
         self.remove_accidental_hits = bool(remove_accidental_hits)
+        self.sparse_grad = bool(sparse_grad)
 
     def refresh_index(self) -> None:
         """Rebuilds the sampler's index from the current class table (no-op for static ones)."""
@@ -100,8 +107,7 @@ class SampledSoftmaxHead(OutputHead):
         with torch.no_grad():
             draw = self.sampler.sample(z.detach(), m, shared=self.shared_negatives)
             pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])[:, 0]
-        pos = self.candidate_logits(z, target[:, None])[:, 0]
-        neg = self.candidate_logits(z, draw.ids)
+        pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
         log_m = math.log(m)
         pos = pos - (log_m + pos_log_q)
         neg = neg - (log_m + draw.log_q)
@@ -123,5 +129,5 @@ class SampledSoftmaxHead(OutputHead):
         return (
             f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
             f"shared_negatives={self.shared_negatives}, "
-            f"remove_accidental_hits={self.remove_accidental_hits}"
+            f"remove_accidental_hits={self.remove_accidental_hits}, sparse_grad={self.sparse_grad}"
         )

@@ -139,7 +139,8 @@ class TapasHead(SampledSoftmaxHead):
             (all of them if it holds fewer).
         logq_correction: correct the logits for the first pass.
         remove_accidental_hits: give ``-inf`` to negatives equal to the query's target.
-        **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size`` of
+        **kwargs: ``sparse_grad`` of :class:`SampledSoftmaxHead`; ``weight``, ``bias``,
+            ``padding_idx``, ``ignore_index``, ``chunk_size`` of
             :class:`OutputHead` (``chunk_size`` also chunks the second pass).
     """
 
@@ -155,6 +156,7 @@ class TapasHead(SampledSoftmaxHead):
         num_shards: int = 1,
         logq_correction: bool = False,
         remove_accidental_hits: bool = True,
+        sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
         bias: bool = False,
         padding_idx: int | None = None,
@@ -173,6 +175,7 @@ class TapasHead(SampledSoftmaxHead):
             num_negatives,
             shared_negatives=True,
             remove_accidental_hits=remove_accidental_hits,
+            sparse_grad=sparse_grad,
             weight=weight,
             bias=bias,
             padding_idx=padding_idx,
@@ -266,8 +269,8 @@ class TapasHead(SampledSoftmaxHead):
         """
         selection = self.select_negatives(z.detach())
         ids = selection.negatives
-        pos = self.candidate_logits(z, target[:, None])
-        neg = self.candidate_logits(z, ids)
+        pos, neg = self.target_and_candidate_logits(z, target, ids)
+        pos = pos[:, None]
         if self.logq_correction:
             with torch.no_grad():
                 pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])

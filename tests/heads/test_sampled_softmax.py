@@ -135,3 +135,32 @@ def test_ignored_positions_do_not_contribute():
 def test_constructor_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SampledSoftmaxHead(100, 8, **kwargs)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_sparse_grad_equals_dense_gradient_and_trains_with_sgd(shared):
+    torch.manual_seed(4)
+    dense = SampledSoftmaxHead(200, 8, UniformSampler(200), 16, bias=True, shared_negatives=shared)
+    sparse = SampledSoftmaxHead(
+        200,
+        8,
+        UniformSampler(200),
+        16,
+        bias=True,
+        shared_negatives=shared,
+        sparse_grad=True,
+        weight=torch.nn.Parameter(dense.weight.detach().clone()),
+    )
+    z = torch.randn(6, 8)
+    y = torch.randint(200, (6,))
+    for head in (dense, sparse):
+        torch.manual_seed(9)
+        head(z, y).backward()
+    assert sparse.weight.grad.is_sparse and not dense.weight.grad.is_sparse
+    torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
+    torch.testing.assert_close(sparse.bias.grad, dense.bias.grad)
+    touched = sparse.weight.grad.coalesce().indices().unique().numel()
+    assert touched <= 6 + (16 if shared else 6 * 16)
+    before = sparse.weight.detach().clone()
+    torch.optim.SGD(sparse.parameters(), lr=0.1).step()
+    torch.testing.assert_close(sparse.weight.detach(), before - 0.1 * dense.weight.grad)
