@@ -5,17 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from fake_samplers import PerQueryOnly
 from scipy import stats
 
 from lightning_sampled.heads import OneVsEachHead
 from lightning_sampled.samplers import Sample, Sampler, UniformSampler, UnigramSampler
-
-
-class PerQueryOnly(Sampler):
-    """A proposal that adapts to the query (not query-independent)."""
-
-    def _sample(self, z, num_samples, shared, generator):
-        raise AssertionError("not reached")
 
 
 @pytest.fixture(autouse=True)

@@ -5,34 +5,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from fake_samplers import PerQueryOnly, Stream
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.samplers import Sample, Sampler, UniformSampler, UnigramSampler
-
-
-class FixedDraws(Sampler):
-    """A query-independent proposal with a given q that returns preset ids."""
-
-    query_independent = True
-
-    def __init__(self, probs, ids):
-        super().__init__(probs.numel())
-        self.log_probs = probs.log()
-        self.ids = ids
-
-    def _sample(self, z, num_samples, shared, generator):
-        ids = self.ids if shared else self.ids.expand(z.shape[0], -1)
-        return Sample(ids, self.log_probs[ids])
-
-    def _log_prob(self, z, ids):
-        return self.log_probs[ids]
-
-
-class PerQueryOnly(Sampler):
-    """An adaptive-looking proposal (not query-independent)."""
-
-    def _sample(self, z, num_samples, shared, generator):
-        raise AssertionError("not reached")
+from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 
 def test_corrected_logits_follow_the_logq_convention_and_mask_hits():
@@ -40,7 +16,7 @@ def test_corrected_logits_follow_the_logq_convention_and_mask_hits():
     n, d = 11, 5
     probs = torch.softmax(torch.randn(n), 0)
     ids = torch.tensor([3, 7, 3, 0])
-    head = SampledSoftmaxHead(n, d, FixedDraws(probs, ids), 4, bias=True)
+    head = SampledSoftmaxHead(n, d, Stream(probs, ids.repeat(2)), 4, bias=True)
     with torch.no_grad():
         head.bias.normal_()
     z = torch.randn(2, d)
@@ -59,8 +35,8 @@ def test_shared_and_per_query_negatives_agree_on_the_same_draws():
     torch.manual_seed(1)
     probs = torch.softmax(torch.randn(20), 0)
     ids = torch.tensor([1, 2, 3, 19, 2])
-    shared = SampledSoftmaxHead(20, 6, FixedDraws(probs, ids), 5, shared_negatives=True)
-    per_query = SampledSoftmaxHead(20, 6, FixedDraws(probs, ids), 5, weight=shared.weight)
+    shared = SampledSoftmaxHead(20, 6, Stream(probs, ids), 5, shared_negatives=True)
+    per_query = SampledSoftmaxHead(20, 6, Stream(probs, ids), 5, weight=shared.weight)
     z = torch.randn(3, 4, 6)
     y = torch.randint(20, (3, 4))
     torch.testing.assert_close(shared(z, y), per_query(z, y))

@@ -5,39 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from fake_samplers import PerQueryOnly, Stream
 
 from lightning_sampled.heads import SampledSoftmaxHead, TapasHead
 from lightning_sampled.heads.tapas import draw_distinct
-from lightning_sampled.samplers import Sample, Sampler, UniformSampler, UnigramSampler
-
-
-class Stream(Sampler):
-    """A query-independent proposal with a given q whose draws come from a preset stream."""
-
-    query_independent = True
-
-    def __init__(self, probs, stream):
-        super().__init__(probs.numel())
-        self.log_probs = probs.log()
-        self.stream = stream
-        self.pos = 0
-
-    def _sample(self, z, num_samples, shared, generator):
-        ids = self.stream[self.pos : self.pos + num_samples]
-        self.pos += num_samples
-        assert ids.numel() == num_samples, "stream exhausted"
-        ids = ids if shared else ids.expand(z.shape[0], -1)
-        return Sample(ids, self.log_probs[ids])
-
-    def _log_prob(self, z, ids):
-        return self.log_probs[ids]
-
-
-class PerQueryOnly(Sampler):
-    """A proposal that adapts to the query (not query-independent)."""
-
-    def _sample(self, z, num_samples, shared, generator):
-        raise AssertionError("not reached")
+from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 
 def randomize(head, seed=0, scale=2.0):

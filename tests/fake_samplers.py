@@ -1,0 +1,37 @@
+"""Samplers with controlled draws, shared by the head tests (importable: ``tests`` is on the
+pytest ``pythonpath``)."""
+
+from lightning_sampled.samplers import Sample, Sampler
+
+
+class Stream(Sampler):
+    """A query-independent proposal with a given ``q`` whose draws come from a preset stream.
+
+    Each ``sample`` call consumes the next ``num_samples`` ids (the same ids for every query when
+    not shared).
+    """
+
+    query_independent = True
+
+    def __init__(self, probs, stream):
+        super().__init__(probs.numel())
+        self.log_probs = probs.log()
+        self.stream = stream
+        self.pos = 0
+
+    def _sample(self, z, num_samples, shared, generator):
+        ids = self.stream[self.pos : self.pos + num_samples]
+        self.pos += num_samples
+        assert ids.numel() == num_samples, "stream exhausted"
+        ids = ids if shared else ids.expand(z.shape[0], -1)
+        return Sample(ids, self.log_probs[ids])
+
+    def _log_prob(self, z, ids):
+        return self.log_probs[ids]
+
+
+class PerQueryOnly(Sampler):
+    """A proposal that adapts to the query (not query-independent): never asked to draw."""
+
+    def _sample(self, z, num_samples, shared, generator):
+        raise AssertionError("not reached")
