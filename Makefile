@@ -13,11 +13,11 @@ test: setup
 	$(PY) -m pytest -q
 
 demo: setup
-	$(PY) examples/movielens_demo.py
+	$(PY) -m recipes.demo
 
 bench: setup
 	$(PY) -m benchmarks.head_step
 
 lint: setup
-	$(PY) -m ruff check lightning_sampled tests benchmarks examples
-	$(PY) -m ruff format --check lightning_sampled tests benchmarks examples
+	$(PY) -m ruff check lightning_sampled tests benchmarks recipes
+	$(PY) -m ruff format --check lightning_sampled tests benchmarks recipes

