@@ -16,8 +16,7 @@ Part 2, wall clock: time per query of ``AdaptiveSoftmax.topk`` against the dense
 ``softmax(x @ A.T).topk(1)`` at batch 1 and 64, for ``(n, d) = (32000, 4096)`` (Mistral-7B's head
 shape) with random data, uncalibrated and calibrated on held-out random queries.
 
-The PTB LSTM head part of the issue needs the recipe's trained head, which does not exist yet: it
-is skipped.
+The trained PTB LSTM head part of the issue is ``benchmarks/adaptive_softmax_trained.py``.
 
 Run from the repository root::
 
