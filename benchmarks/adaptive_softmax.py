@@ -312,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "and reads nearly all of A. Dense = torch.softmax(x @ A.T).topk(1) in fp32. "
             "Times per query; batch 1 is the median over the repeats, the large batch is one "
             "run. 'calibrated' tunes the two variance factors (Appendix C.4, tolerance 0.1 in "
-            "log10) on held-out random queries, so its guarantee is empirical. The trained PTB "
-            "LSTM head of the issue needs a recipe that does not exist yet: skipped. "
+            "log10) on held-out random queries, so its guarantee is empirical. Trained PTB LSTM "
+            "heads: `python -m benchmarks.adaptive_softmax_trained`. "
             f"torch threads: {args.threads}."
         ),
         columns=[
