@@ -51,14 +51,33 @@ def resolve_class(class_path: str, namespace: Any, base: type) -> type:
 
 
 def _split(spec: Mapping[str, Any], what: str) -> tuple[str, dict[str, Any]]:
+    """``(class_path, init_args)`` of a spec. Keys beside ``class_path`` and ``init_args`` are
+    init args too, and win over ``init_args``: that is jsonargparse's flattened form, and what a
+    command-line override such as ``--model.init_args.head.init_args.num_negatives=50`` produces
+    for these mapping-typed arguments."""
     if not isinstance(spec, Mapping) or "class_path" not in spec:
         raise ValueError(
             f"{what} must be a mapping with a class_path (and init_args), got {spec!r}"
         )
-    extra = set(spec) - {"class_path", "init_args"}
-    if extra:
-        raise ValueError(f"{what} has unknown keys {sorted(extra)}; use class_path and init_args")
-    return spec["class_path"], dict(spec.get("init_args") or {})
+    init_args = spec.get("init_args") or {}
+    if not isinstance(init_args, Mapping):
+        raise ValueError(f"{what} init_args must be a mapping, got {init_args!r}")
+    flattened = {k: v for k, v in spec.items() if k not in ("class_path", "init_args")}
+    return spec["class_path"], {**init_args, **flattened}
+
+
+def _check_arguments(cls: type, kwargs: Mapping[str, Any], what: str) -> None:
+    """A clear error for init args that ``cls`` does not take (typos, a head's argument given
+    to another head)."""
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise ValueError(
+            f"{what} {cls.__name__} has no argument {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(params)}"
+        )
 
 
 def build_sampler(
@@ -82,6 +101,7 @@ def build_sampler(
         kwargs.setdefault("dim", dim)
     if "num_classes" in params:
         kwargs["num_classes"] = num_classes
+    _check_arguments(cls, kwargs, "sampler")
     return cls(padding_idx=padding_idx, **kwargs)
 
 
@@ -107,4 +127,5 @@ def build_head(
         if not names:
             raise ValueError(f"{cls.__name__} takes no sampler; remove the sampler from the config")
         kwargs[names[0]] = sampler
+    _check_arguments(cls, kwargs, "head")
     return cls(num_classes, dim, weight=weight, padding_idx=padding_idx, **kwargs)

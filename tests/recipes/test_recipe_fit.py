@@ -91,3 +91,19 @@ def test_tapas_config_anneals_the_temperature(tmp_path):
     # exponential 1.0 -> 0.1 over 10 epochs, set at the start of epoch 2 (the third)
     assert cli.model.head.temperature == pytest.approx(0.1 ** (2 / 10))
     assert cli.trainer.callback_metrics["head.temperature"] == pytest.approx(0.1 ** (2 / 10))
+
+
+def test_command_line_overrides_reach_the_head_and_sampler(tmp_path):
+    overrides = [
+        "--model.init_args.head.init_args.num_negatives=7",
+        "--model.init_args.sampler.init_args.codebook_size=8",
+    ]
+    cli = main([*args("sasrec_ml-100k", "midx_rq", tmp_path), *overrides], run=False)
+    assert cli.model.head.num_negatives == 7
+    assert cli.model.head.sampler.codebook_size == 8
+
+
+def test_misspelled_override_is_a_clear_error(tmp_path, capsys):
+    typo = "--model.init_args.head.init_args.num_negative=7"
+    with pytest.raises(SystemExit, match="SampledSoftmaxHead has no argument 'num_negative'"):
+        cli_main(["fit", *args("sasrec_ml-100k", "uniform", tmp_path), typo])

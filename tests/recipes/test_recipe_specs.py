@@ -35,5 +35,15 @@ def test_bad_specs_are_clear():
         build_sampler({"class_path": "UnigramSampler"}, 4, 3, None, None)
     with pytest.raises(ValueError, match="takes no sampler"):
         build_head({"class_path": "FullSoftmaxHead"}, 4, 3, sampler=object())
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="head FullSoftmaxHead has no argument 'args'; it takes"):
         build_head({"class_path": "FullSoftmaxHead", "args": {}}, 4, 3)
+    with pytest.raises(ValueError, match="sampler UniformSampler has no argument 'alpha'"):
+        build_sampler({"class_path": "UniformSampler", "init_args": {"alpha": 1}}, 4, 3, 0, None)
+    with pytest.raises(ValueError, match="init_args must be a mapping"):
+        build_head({"class_path": "FullSoftmaxHead", "init_args": [1]}, 4, 3)
+
+
+def test_flattened_init_args_win_over_init_args():
+    spec = {"class_path": "SampledSoftmaxHead", "init_args": {"num_negatives": 5}}
+    assert build_head({**spec, "num_negatives": 7}, 4, 3).num_negatives == 7
+    assert build_head(spec, 4, 3).num_negatives == 5
