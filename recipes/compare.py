@@ -4,7 +4,8 @@ Each head config of ``recipes/configs/heads/`` is combined with the same model c
 run trains for ``--epochs`` epochs (early stopping may end it sooner), restores the best validation
 checkpoint, evaluates it on the test split, and records the best validation score, the test
 metrics and the wall time per epoch (training plus validation). The table is printed and, with
-``--out``, written as Markdown, CSV and JSON.
+``--out``, written as Markdown, CSV and JSON (the JSON also holds every epoch's validation
+metrics), with a plot of the validation metric over epochs, one curve per head.
 
 Run: ``python -m recipes.compare --config recipes/configs/sasrec_ml-1m.yaml --heads full uniform
 midx_rq --epochs 10 --out results/sasrec_ml-1m``.
@@ -13,7 +14,6 @@ midx_rq --epochs 10 --out results/sasrec_ml-1m``.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import tempfile
 import time
@@ -26,18 +26,27 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from .cli import main
+from .tables import markdown_table, write_csv
 
 CONFIGS = Path(__file__).parent / "configs"
 
 
-class EpochTimer(L.Callback):
-    """Records the wall time of each training epoch (its validation included)."""
+class EpochRecord(L.Callback):
+    """Records each training epoch's wall time (its validation included) and the validation
+    metrics at the end of each validation run (sanity checks skipped)."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self.validation: list[dict[str, float]] = []
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            metrics = trainer.callback_metrics
+            row = {k: float(v) for k, v in sorted(metrics.items()) if k.startswith("val/")}
+            self.validation.append({"epoch": trainer.current_epoch, **row})
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.seconds.append(time.perf_counter() - self._start)
@@ -57,8 +66,9 @@ def run(
 ) -> dict[str, Any]:
     """Fits ``config`` with one head, tests its best checkpoint, returns the row of the table.
 
-    The row has ``head``, ``epochs`` (run), ``seconds/epoch``, ``best val <monitor>`` and the
-    test metrics under their logged names (``test/ndcg@10``, ``test/ppl``, ...).
+    The row has ``head``, ``epochs`` (run), ``seconds/epoch``, ``best val <monitor>``, the test
+    metrics under their logged names (``test/ndcg@10``, ``test/ppl``, ...) and ``validation``,
+    the list of each epoch's validation metrics (left out of the Markdown and CSV tables).
     """
     cli = main(
         [
@@ -75,44 +85,62 @@ def run(
         ],
         run=False,
     )
-    timer = EpochTimer()
-    cli.trainer.callbacks.append(timer)
+    record = EpochRecord()
+    cli.trainer.callbacks.append(record)
     cli.trainer.fit(cli.model, cli.datamodule)
     (tested,) = cli.trainer.test(cli.model, cli.datamodule, ckpt_path="best", verbose=False)
     row: dict[str, Any] = {
         "head": Path(head).stem,
-        "epochs": len(timer.seconds),
-        "seconds/epoch": sum(timer.seconds) / len(timer.seconds),
+        "epochs": len(record.seconds),
+        "seconds/epoch": sum(record.seconds) / len(record.seconds),
     }
     checkpoint = cli.trainer.checkpoint_callback
     if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None:
         row[f"best {checkpoint.monitor}"] = float(checkpoint.best_model_score)
     row.update({name: float(value) for name, value in sorted(tested.items())})
+    row["validation"] = record.validation
     return row
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table with one line per row, columns in first-seen order, 4 decimals."""
-    columns = list(dict.fromkeys(key for row in rows for key in row))
+def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without their per-epoch ``validation`` lists, seconds rounded, for the tables."""
+    return [
+        {k: round(v, 1) if k == "seconds/epoch" else v for k, v in r.items() if k != "validation"}
+        for r in rows
+    ]
 
-    def cell(value: Any) -> str:
-        return f"{value:.4f}" if isinstance(value, float) else str(value)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Each head's validation metric over epochs (the checkpoint's monitor), saved to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monitors = [k.removeprefix("best ") for r in rows for k in r if k.startswith("best ")]
+    metric = monitors[0] if monitors else next(iter(rows[0]["validation"][0].keys() - {"epoch"}))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in rows:
+        points = [(v["epoch"] + 1, v[metric]) for v in row["validation"] if metric in v]
+        ax.plot(*zip(*points, strict=True), marker="o", label=row["head"])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"{metric} (exact)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def write(rows: list[dict[str, Any]], out: Path, header: str) -> None:
-    """Writes ``out.md`` (``header`` then the table), ``out.csv`` and ``out.json``."""
+    """Writes ``out.md`` (``header`` then the table), ``out.csv``, ``out.json`` (the rows with
+    their per-epoch validation metrics) and ``out.png`` (:func:`plot_curves`)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(f"{header}\n\n{markdown(rows)}")
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    with out.with_suffix(".csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    out.with_suffix(".md").write_text(f"{header}\n\n{markdown_table(table_rows(rows))}")
+    write_csv(table_rows(rows), out.with_suffix(".csv"))
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot_curves(rows, out.with_suffix(".png"), out.stem)
 
 
 def compare(
@@ -135,7 +163,7 @@ def compare(
                 header = f"`{config.name}`, seed {seed}, up to {epochs} epochs, best checkpoint"
                 write(rows, out, header)
     print(f"\n{config.name}, seed {seed}, best validation checkpoint, exact metrics")
-    print(markdown(rows))
+    print(markdown_table(table_rows(rows)))
     return rows
 
 

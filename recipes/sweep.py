@@ -14,7 +14,6 @@ Run: ``python -m recipes.sweep run recipes/sweeps/sasrec_ml-100k.yaml [--out DIR
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import math
@@ -27,6 +26,7 @@ import lightning as L
 import yaml
 
 from .cli import main
+from .tables import cell, markdown_table, write_csv
 
 CONFIGS = Path(__file__).parent / "configs"
 PARAMETERS = ("base", "head", "num_negatives", "codebook_size", "lr", "max_epochs")
@@ -135,27 +135,17 @@ def write_summary(rows: list[dict], metric: str, goal: str, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     rows = sorted(rows, key=lambda r: r[metric], reverse=goal == "maximize")
-    columns = list(rows[0])
-    with open(out / "trials.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
-    (out / "trials.md").write_text("\n".join(lines) + "\n")
+    write_csv(rows, out / "trials.csv")
+    (out / "trials.md").write_text(markdown_table(rows))
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
     labels = [
-        f"{r['head']} M={r.get('num_negatives', '-')} lr={_cell(r.get('lr', '-'))}" for r in rows
+        f"{r['head']} M={r.get('num_negatives', '-')} lr={cell(r.get('lr', '-'))}" for r in rows
     ]
     ax.barh(labels[::-1], [r[metric] for r in rows][::-1])
     ax.set_xlabel(metric)
     fig.tight_layout()
     fig.savefig(out / "trials.png", dpi=100)
     plt.close(fig)
-
-
-def _cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def cli() -> None:

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from recipes.compare import CONFIGS, cli_main, compare, markdown
+from recipes.compare import CONFIGS, cli_main, compare
+from recipes.tables import markdown_table
 
 SLICE = [
     "--data.init_args.max_users=40",
@@ -36,15 +37,18 @@ def test_compare_writes_one_row_per_head_with_the_ratio_split(tmp_path):
         assert row["epochs"] == 1 and row["seconds/epoch"] > 0
         assert 0 <= row["test/ndcg@10"] <= row["test/recall@10"] <= 1
         assert 0 <= row["best val/ndcg@10"] <= 1
+        (epoch,) = row["validation"]  # one validation run, the sanity check not counted
+        assert epoch["epoch"] == 0 and epoch["val/ndcg@10"] == row["best val/ndcg@10"]
     assert json.loads(out.with_suffix(".json").read_text()) == rows
     with out.with_suffix(".csv").open() as f:
         assert [r["head"] for r in csv.DictReader(f)] == ["full", "uniform"]
     table = out.with_suffix(".md").read_text()
-    assert "| full | 1 |" in table and "test/recall@10" in table
+    assert "| full | 1 |" in table and "test/recall@10" in table and "validation" not in table
+    assert out.with_suffix(".png").stat().st_size > 0
 
 
 def test_markdown_keeps_columns_in_first_seen_order():
-    table = markdown([{"head": "a", "x": 0.123456}, {"head": "b", "y": 2}])
+    table = markdown_table([{"head": "a", "x": 0.123456}, {"head": "b", "y": 2}])
     assert table.splitlines() == [
         "| head | x | y |",
         "|---|---|---|",
