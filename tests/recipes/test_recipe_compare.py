@@ -2,10 +2,8 @@
 
 import csv
 import json
-import sys
 
 import pytest
-import torch
 
 from recipes.compare import CONFIGS, cli_main, compare
 from recipes.tables import markdown_table
@@ -16,16 +14,6 @@ SLICE = [
     "--trainer.limit_train_batches=2",
     "--trainer.enable_progress_bar=false",
 ]
-
-
-@pytest.fixture(autouse=True)
-def quiet(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["recipes"])
-    monkeypatch.setenv("LIGHTNING_SAMPLED_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_compare_writes_one_row_per_head_with_the_ratio_split(tmp_path):

@@ -1,6 +1,5 @@
 """Every recipe fits a few steps on a small slice of the real data with every head family."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,6 @@ SMALL = {
 }
 HEADS = ["full", "uniform", "unigram", "midx_pq", "midx_rq", "midx_learn", "tapas", "ove"]
 CASES = [(m, h) for m in SMALL for h in HEADS] + [("lstm_ptb", "log_uniform")]
-
-
-@pytest.fixture(autouse=True)
-def small_run(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["recipes"])  # LightningCLI warns about pytest's own argv
-    monkeypatch.setenv("LIGHTNING_SAMPLED_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def args(model: str, head: str, tmp_path: Path) -> list[str]:

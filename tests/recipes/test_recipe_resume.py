@@ -1,24 +1,10 @@
 """Training two epochs equals training one, then resuming from its checkpoint for one more."""
 
-import sys
 from pathlib import Path
-
-import pytest
-import torch
 
 from recipes.cli import main
 
 CONFIGS = Path(__file__).parents[2] / "recipes" / "configs"
-
-
-@pytest.fixture(autouse=True)
-def small_run(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["recipes"])
-    monkeypatch.setenv("LIGHTNING_SAMPLED_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def fit(root: Path, epochs: int, ckpt_path: str | None = None) -> dict[str, float]:

@@ -2,10 +2,8 @@
 run's files."""
 
 import json
-import sys
 
 import pytest
-import torch
 import wandb
 
 from recipes.cli import main
@@ -13,16 +11,11 @@ from recipes.compare import CONFIGS
 
 
 @pytest.fixture
-def in_tmp(tmp_path, tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["recipes"])
-    monkeypatch.setenv("LIGHTNING_SAMPLED_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+def in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.chdir(tmp_path)  # the logger configs write under ./logs
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield tmp_path
     wandb.finish()
-    torch.set_num_threads(threads)
 
 
 def test_wandb_run_gets_metrics_tables_and_diagnostics_images(in_tmp):
