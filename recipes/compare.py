@@ -116,6 +116,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     monitors = [k.removeprefix("best ") for r in rows for k in r if k.startswith("best ")]
     metric = monitors[0] if monitors else next(iter(rows[0]["validation"][0].keys() - {"epoch"}))
@@ -124,6 +125,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         points = [(v["epoch"] + 1, v[metric]) for v in row["validation"] if metric in v]
         ax.plot(*zip(*points, strict=True), marker="o", label=row["head"])
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"{metric} (exact)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
