@@ -18,6 +18,7 @@ import json
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ def head_config(head: str) -> Path:
 
 
 def run(
-    config: Path, head: str, epochs: int, seed: int, root: str, extra: list[str] = ()
+    config: Path, head: str, epochs: int, seed: int, root: str, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
     """Fits ``config`` with one head, tests its best checkpoint, returns the row of the table.
 
@@ -150,7 +151,7 @@ def compare(
     heads: list[str],
     epochs: int,
     seed: int,
-    extra: list[str] = (),
+    extra: Sequence[str] = (),
     out: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Runs every head in turn in a temporary root; prints the table and writes it to ``out``."""
@@ -176,7 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--out", type=Path, help="write OUT.md, OUT.csv and OUT.json")
+    parser.add_argument("--out", type=Path, help="write OUT.md, OUT.csv, OUT.json and OUT.png")
     parser.add_argument(
         "extra",
         nargs="*",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import random
 import warnings
@@ -77,19 +76,17 @@ def draw(spec: dict[str, Any], rng: random.Random) -> Any:
 
 
 def trial_args(params: dict[str, Any]) -> list[str]:
-    """LightningCLI arguments of one trial: the model and head configs, then the head and sampler
-    specs again with ``num_negatives`` / ``codebook_size`` set (as JSON, replacing the specs)."""
+    """LightningCLI arguments of one trial: the model and head configs, then overrides of
+    ``num_negatives`` (heads whose config sets it) and ``codebook_size`` (MIDX samplers)."""
     head_file = CONFIGS / "heads" / f"{params['head']}.yaml"
     args = [f"--config={CONFIGS / (params['base'] + '.yaml')}", f"--config={head_file}"]
     with open(head_file) as f:
         model = yaml.safe_load(f)["model"]["init_args"]
     head, sampler = model["head"], model.get("sampler")
-    if "num_negatives" in params and head.get("init_args", {}).get("num_negatives"):
-        head["init_args"]["num_negatives"] = params["num_negatives"]
+    if "num_negatives" in params and "num_negatives" in head.get("init_args", {}):
+        args.append(f"--model.init_args.head.init_args.num_negatives={params['num_negatives']}")
     if "codebook_size" in params and sampler and sampler["class_path"].endswith("MIDXSampler"):
-        sampler["init_args"]["codebook_size"] = params["codebook_size"]
-    args += [f"--model.init_args.head={json.dumps(head)}"]
-    args += [f"--model.init_args.sampler={json.dumps(sampler)}"]
+        args.append(f"--model.init_args.sampler.init_args.codebook_size={params['codebook_size']}")
     if "lr" in params:
         args.append(f"--model.init_args.lr={params['lr']}")
     if "max_epochs" in params:

@@ -1,12 +1,12 @@
 """The offline sweep runner: expansion of W&B sweep files, trial arguments, a tiny run."""
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from recipes.cli import main
 from recipes.sweep import expand, run_sweep, trial_args
 
 SWEEPS = Path(__file__).parents[2] / "recipes" / "sweeps"
@@ -40,26 +40,16 @@ def test_bad_sweeps_are_clear():
 
 
 def test_trial_args_set_negatives_and_codebook_size():
-    args = trial_args(
-        {
-            "base": "sasrec_ml-100k",
-            "head": "midx_rq",
-            "num_negatives": 7,
-            "codebook_size": 16,
-            "lr": 0.01,
-            "max_epochs": 2,
-        }
-    )
+    params = {"base": "sasrec_ml-100k", "head": "midx_rq", "num_negatives": 7, "codebook_size": 16}
+    args = trial_args({**params, "lr": 0.01, "max_epochs": 2})
     assert args[1].endswith("heads/midx_rq.yaml")  # brings its IndexRefresh callback
-    head = json.loads(args[2].split("=", 1)[1])
-    sampler = json.loads(args[3].split("=", 1)[1])
-    assert head["init_args"]["num_negatives"] == 7
-    assert sampler["init_args"] == {"codebook_size": 16, "quantizer": "rq"}
-    assert args[4:] == ["--model.init_args.lr=0.01", "--trainer.max_epochs=2"]
+    cli = main([*args, "--data.init_args.max_users=20"], run=False)
+    assert cli.model.head.num_negatives == 7 and cli.model.head.sampler.codebook_size == 16
+    assert cli.model.head.sampler.quantizer.name == "rq"  # the rest of the config is kept
+    assert cli.model.lr == 0.01 and cli.trainer.max_epochs == 2
     full = trial_args({"base": "sasrec_ml-100k", "head": "full", "num_negatives": 7})
-    assert json.loads(full[2].split("=", 1)[1]) == {
-        "class_path": "lightning_sampled.heads.FullSoftmaxHead"
-    }
+    assert not any("num_negatives" in a for a in full)  # the full softmax takes none
+    assert type(main(full, run=False).model.head).__name__ == "FullSoftmaxHead"
 
 
 def test_offline_run_writes_summary(tmp_path, monkeypatch):
