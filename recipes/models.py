@@ -58,6 +58,7 @@ class SASRec(SequentialRecommender):
         self.blocks = nn.TransformerEncoder(layer, num_blocks, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
         self.head = self.build_head(dim, self.item_emb.weight)
+        self.sparse_lookup(self.item_emb)
 
     def encode(self, inputs: Tensor) -> Tensor:
         """``[B, L]`` item ids (0 = padding) to ``[B, L, D]`` states."""
@@ -98,6 +99,7 @@ class GRU4Rec(SequentialRecommender):
         self.dropout = nn.Dropout(dropout)
         self.gru = nn.GRU(dim, dim, num_layers, batch_first=True)
         self.head = self.build_head(dim, self.item_emb.weight if tie_weights else None)
+        self.sparse_lookup(self.item_emb)
 
     def encode(self, inputs: Tensor) -> Tensor:
         """``[B, L]`` item ids to ``[B, L, D]`` states."""
@@ -139,6 +141,7 @@ class LSTMLanguageModel(LanguageModel):
         if tie_weights:
             self.project: nn.Module = nn.Linear(hidden_dim, embedding_dim)
             self.head = self.build_head(embedding_dim, self.word_emb.weight)
+            self.sparse_lookup(self.word_emb)
         else:
             self.project = nn.Identity()
             self.head = self.build_head(hidden_dim)

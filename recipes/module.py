@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from lightning_sampled.heads import OutputHead
 from lightning_sampled.metrics import NDCG, Perplexity, Recall
+from lightning_sampled.optim import LazyAdam, clip_grad_norm_
 
 from .specs import build_head, build_sampler
 
@@ -31,8 +32,9 @@ class SampledModule(L.LightningModule):
         head: head spec ``{"class_path": ..., "init_args": {...}}``; full softmax by default.
         sampler: optional sampler spec for sampled heads (uniform when omitted).
         class_counts: ``[N]`` training counts, linked from the data module (unigram proposals).
-        lr: Adam learning rate.
-        weight_decay: Adam weight decay.
+        lr: learning rate of :class:`~lightning_sampled.optim.LazyAdam` (Adam for dense
+            gradients, SparseAdam's lazy update for a ``sparse_grad=True`` head's table).
+        weight_decay: decoupled weight decay (AdamW's; on sparse rows only when touched).
     """
 
     padding_idx: int | None = None
@@ -97,7 +99,26 @@ class SampledModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        return LazyAdam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Norm clipping that also takes the row-sparse gradients of ``sparse_grad=True``."""
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            clip_grad_norm_(self.parameters(), gradient_clip_val)
+        else:
+            super().configure_gradient_clipping(
+                optimizer, gradient_clip_val, gradient_clip_algorithm
+            )
+
+    def sparse_lookup(self, embedding: nn.Embedding) -> None:
+        """Makes ``embedding``'s lookup row-sparse when it is the class table of a
+        ``sparse_grad=True`` head, so no path gives the table a dense ``[N, D]`` gradient."""
+        embedding.sparse = embedding.weight is self.head.weight and self.head.sparse_grad
 
 
 class SequentialRecommender(SampledModule):

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from .._validation import check_class_ids, check_finite, check_padding_idx, check_positive_int
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
+from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
 from .chunked import (
     chunk_logits,
     chunked_nll,
@@ -77,8 +78,25 @@ class OutputHead(nn.Module):
             )
         self.weight = weight
         self.bias = nn.Parameter(torch.zeros(num_classes)) if bias else None
-        # sampled heads may switch this on: class_rows then yields a row-sparse table gradient
-        self.sparse_grad = False
+        self._sparse_grad = False
+
+    @property
+    def sparse_grad(self) -> bool:
+        """Whether :meth:`class_rows` gives the class table a row-sparse gradient (sampled heads
+        take it as an argument). Switching it on installs two checks: a warning naming the module
+        when the table still receives a dense gradient (e.g. a tied ``nn.Embedding`` without
+        ``sparse=True``), and an error at the first step of an optimizer that cannot take sparse
+        gradients, naming :class:`~lightning_sampled.optim.LazyAdam`."""
+        return self._sparse_grad
+
+    @sparse_grad.setter
+    def sparse_grad(self, value: bool) -> None:
+        value = bool(value)
+        if value and not self._sparse_grad:
+            owner = type(self).__name__
+            require_sparse_capable_optimizer(self.weight, owner)
+            warn_if_dense(self.weight, owner)
+        self._sparse_grad = value
 
     # -- input handling -------------------------------------------------------------------------
 

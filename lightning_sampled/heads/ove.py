@@ -86,7 +86,6 @@ class OneVsEachHead(SampledSoftmaxHead):
             sampler,
             num_negatives,
             shared_negatives=shared_negatives,
-            remove_accidental_hits=True,
             sparse_grad=sparse_grad,
             weight=weight,
             bias=bias,

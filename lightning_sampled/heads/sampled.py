@@ -1,4 +1,23 @@
-"""``SampledSoftmaxHead``: softmax over the positive and ``M`` sampled negatives, logQ-corrected."""
+"""``SampledSoftmaxHead``: softmax over the positive and ``M`` sampled negatives, logQ-corrected.
+
+The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and mask:
+
+- ``"exact_positive"`` (the default; the MIDX paper's Eq. 1): the positive's logit ``o_y`` is left
+  uncorrected, each negative becomes ``o_j - log(M q_j)``, and negatives equal to the target
+  (accidental hits) get ``-inf``. Then ``sum_j exp(o_j - log(M q_j))`` over the draws is an unbiased
+  estimate of ``Z - exp(o_y)`` and the positive contributes its exact share, so the estimated
+  normaliser is unbiased and the gradient tends to the full-softmax gradient as ``M`` grows,
+  whatever ``p_y``. The target's share is computed, not estimated, and the positive's proposal
+  probability is never needed (one sampler call fewer per step).
+- ``"corrected_all"``: every logit, the positive's included, becomes ``o_i - log(M q_i)`` and
+  accidental hits are kept, so the draws estimate all of ``Z`` (the target's share included) and
+  the positive's corrected term adds an ``O(1 / M)`` bias. Consistent too.
+- ``"tensorflow"``: every logit corrected *and* accidental hits masked, the defaults of
+  TensorFlow's ``sampled_softmax_loss``. The estimated normaliser lacks the target's share
+  ``p_y``, so the gradient stays biased however large ``M`` is once a target is likely (on four
+  classes with targets ``(.6, .25, .1, .05)`` the first class is learned as ``.996``). Offered to
+  reproduce TensorFlow; harmless only when every ``p_y`` is small.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +30,19 @@ from .._validation import check_positive_int
 from ..samplers import Sampler, UniformSampler
 from .base import OutputHead
 
+CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
+
 
 class SampledSoftmaxHead(OutputHead):
-    """Sampled softmax with the correction of DESIGN.md.
+    """Sampled softmax, consistent at any target probability by default.
 
-    For each query, ``M`` negatives are drawn from the sampler with replacement; every logit, the
-    positive's included, is corrected to ``o_i - log(M * q_i)`` (TensorFlow's ``subtract_log_q``),
-    and the loss is the cross-entropy of the positive among the ``1 + M`` corrected logits. Without
-    accidental-hit removal the gradient tends to the full-softmax gradient as ``M`` grows; with it
-    (the default), draws equal to the target get ``-inf``, which drops the target's own share
-    ``p_y`` from the estimated normaliser. The sampler's :meth:`~Sampler.auxiliary_loss` (non-zero
-    only for samplers that learn, such as MIDX-Learn) is added to the returned loss.
+    For each query, ``M`` negatives are drawn from the sampler with replacement, the logits are
+    corrected as ``convention`` says (module docstring), and the loss is the cross-entropy of the
+    positive among the ``1 + M`` logits. By default (``"exact_positive"``, the MIDX paper's Eq. 1)
+    the positive is uncorrected, each negative becomes ``o_j - log(M q_j)`` and accidental hits get
+    ``-inf``: the gradient tends to the full-softmax gradient as ``M`` grows, also for likely
+    targets. The sampler's :meth:`~Sampler.auxiliary_loss` (non-zero only for samplers that learn,
+    such as MIDX-Learn) is added to the returned loss.
 
     Args:
         num_classes: ``N``.
@@ -32,7 +53,8 @@ class SampledSoftmaxHead(OutputHead):
         shared_negatives: one set of ``M`` negatives for the whole batch (TensorFlow style: one
             ``[M, D]`` gather) instead of ``M`` per query (the MIDX paper's style, ``[T, M, D]``).
             Needs a query-independent sampler.
-        remove_accidental_hits: give ``-inf`` to negatives equal to the query's target.
+        convention: ``"exact_positive"`` (default), ``"corrected_all"`` (both consistent) or
+            ``"tensorflow"`` (TensorFlow's defaults, biased when a target is likely).
         sparse_grad: make the class table's gradient row-sparse (a sparse COO tensor over the
             ``T + M`` gathered rows), so that a step costs what the touched rows cost instead of
             allocating and filling a dense ``[N, D]`` gradient. Needs an optimizer that takes
@@ -50,7 +72,7 @@ class SampledSoftmaxHead(OutputHead):
         num_negatives: int = 100,
         *,
         shared_negatives: bool = False,
-        remove_accidental_hits: bool = True,
+        convention: str = "exact_positive",
         sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
         bias: bool = False,
@@ -89,7 +111,9 @@ class SampledSoftmaxHead(OutputHead):
         self.sampler = sampler
         self.num_negatives = check_positive_int("num_negatives", num_negatives)
         self.shared_negatives = bool(shared_negatives)
-        self.remove_accidental_hits = bool(remove_accidental_hits)
+        if convention not in CONVENTIONS:
+            raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+        self.convention = convention
         self.sparse_grad = bool(sparse_grad)
 
     def refresh_index(self) -> None:
@@ -106,15 +130,26 @@ class SampledSoftmaxHead(OutputHead):
         m = self.num_negatives
         with torch.no_grad():
             draw = self.sampler.sample(z.detach(), m, shared=self.shared_negatives)
-            pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])[:, 0]
+            if self.corrects_positive:
+                pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])[:, 0]
         pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
         log_m = math.log(m)
-        pos = pos - (log_m + pos_log_q)
         neg = neg - (log_m + draw.log_q)
-        if self.remove_accidental_hits:
-            ids = draw.ids if not self.shared_negatives else draw.ids.expand(z.shape[0], -1)
-            neg = neg.masked_fill(ids == target[:, None], -math.inf)
+        if self.corrects_positive:
+            pos = pos - (log_m + pos_log_q)
+        if self.removes_accidental_hits:
+            neg = neg.masked_fill(draw.ids.expand_as(neg) == target[:, None], -math.inf)
         return torch.cat([pos[:, None], neg], dim=1)
+
+    @property
+    def corrects_positive(self) -> bool:
+        """Whether the positive's logit is logQ-corrected (all but ``"exact_positive"``)."""
+        return self.convention != "exact_positive"
+
+    @property
+    def removes_accidental_hits(self) -> bool:
+        """Whether negatives equal to the target get ``-inf`` (all but ``"corrected_all"``)."""
+        return self.convention != "corrected_all"
 
     def forward(self, z: Tensor, target: Tensor) -> Tensor:
         """Mean sampled-softmax loss of ``target`` ``[...]`` given ``z`` ``[..., D]``; a scalar."""
@@ -129,5 +164,5 @@ class SampledSoftmaxHead(OutputHead):
         return (
             f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
             f"shared_negatives={self.shared_negatives}, "
-            f"remove_accidental_hits={self.remove_accidental_hits}, sparse_grad={self.sparse_grad}"
+            f"convention={self.convention!r}, sparse_grad={self.sparse_grad}"
         )

@@ -117,9 +117,11 @@ class TapasHead(SampledSoftmaxHead):
 
     Loss: cross-entropy of the positive among itself and the ``n`` negatives, uncorrected by
     default as in the paper; negatives equal to a query's target get ``-inf`` for that query.
-    With ``logq_correction=True`` every logit, the positive's included, is corrected by the log
-    expected count of the first pass, ``log(1 - (1 - q_c)^D)`` with ``D`` the draws it took (the
-    correction for deduplicated draws); the adaptive pass is never corrected.
+    With ``logq_correction=True`` the negatives are corrected by the log inclusion probability of
+    the first pass, ``log(1 - (1 - q_c)^D)`` with ``D`` the draws it took (the correction for
+    deduplicated draws), following the library's consistent convention (see
+    :mod:`~lightning_sampled.heads.sampled`): the positive stays uncorrected while accidental hits
+    are removed, and is corrected too when they are kept. The adaptive pass is never corrected.
 
     With ``r = 1`` the second pass keeps all of ``S'`` and the head is a sampled softmax with
     ``n`` shared negatives drawn without replacement (uncorrected unless asked).
@@ -174,7 +176,6 @@ class TapasHead(SampledSoftmaxHead):
             presampler,
             num_negatives,
             shared_negatives=True,
-            remove_accidental_hits=remove_accidental_hits,
             sparse_grad=sparse_grad,
             weight=weight,
             bias=bias,
@@ -207,6 +208,7 @@ class TapasHead(SampledSoftmaxHead):
             shard_of = None
         self.register_buffer("shard_of", shard_of, persistent=True)
         self.logq_correction = bool(logq_correction)
+        self.remove_accidental_hits = bool(remove_accidental_hits)
 
     @property
     def presampler(self) -> Sampler:
@@ -275,8 +277,9 @@ class TapasHead(SampledSoftmaxHead):
             with torch.no_grad():
                 pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])
                 neg_log_q = self.sampler.log_prob(z.detach(), ids)
-            pos = pos - log_inclusion(pos_log_q, selection.num_draws)
             neg = neg - log_inclusion(neg_log_q, selection.num_draws)
+            if not self.remove_accidental_hits:
+                pos = pos - log_inclusion(pos_log_q, selection.num_draws)
         if self.remove_accidental_hits:
             neg = neg.masked_fill(ids == target[:, None], -math.inf)
         return torch.cat([pos, neg], dim=1)

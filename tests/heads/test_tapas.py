@@ -50,6 +50,7 @@ def test_r_equal_1_without_correction_is_sampled_softmax_on_the_same_draws():
         shared_negatives=True,
         weight=tapas.weight,
         bias=True,
+        convention="tensorflow",  # under a uniform proposal: every logit shifted alike
     )
     with torch.no_grad():
         ssm.bias.copy_(tapas.bias)
@@ -72,7 +73,12 @@ def test_r_equal_1_matches_sampled_softmax_with_seeded_draws():
     n_classes, d, n = 5000, 4, 6
     tapas = TapasHead(n_classes, d, n, 1, 1.0)
     ssm = SampledSoftmaxHead(
-        n_classes, d, num_negatives=n, shared_negatives=True, weight=tapas.weight
+        n_classes,
+        d,
+        num_negatives=n,
+        shared_negatives=True,
+        weight=tapas.weight,
+        convention="tensorflow",  # uniform proposal: every logit shifted alike, as uncorrected
     )
     z = torch.randn(7, d)
     y = torch.randint(0, n_classes, (7,))
@@ -175,10 +181,15 @@ def test_logq_correction_subtracts_the_log_expected_count_of_the_first_pass():
     logits = head.sampled_logits(z, y)
     o = z @ head.weight.T
     count = lambda ids: -torch.expm1(8.0 * torch.log1p(-probs.double()[ids])).float()  # noqa: E731
-    want_pos = o.gather(1, y[:, None]) - count(y)[:, None].log()
+    want_pos = o.gather(1, y[:, None])  # hits removed: the positive stays uncorrected
     want_neg = o[:, sel.negatives] - count(sel.negatives).log()
     want_neg = want_neg.masked_fill(sel.negatives == y[:, None], -math.inf)
     torch.testing.assert_close(logits, torch.cat([want_pos, want_neg], 1))
+    head.remove_accidental_hits = False  # hits kept: the positive is corrected too
+    head.sampler.pos = 0
+    want_neg = o[:, sel.negatives] - count(sel.negatives).log()
+    want_pos = want_pos - count(y)[:, None].log()
+    torch.testing.assert_close(head.sampled_logits(z, y), torch.cat([want_pos, want_neg], 1))
 
 
 def test_temperature_is_settable_and_validated():

@@ -1,0 +1,200 @@
+"""``LazyAdam``: one optimizer for modules whose class table has a row-sparse gradient.
+
+Lightning's automatic optimisation steps one optimizer; ``torch.optim.Adam`` refuses sparse
+gradients and ``torch.optim.SparseAdam`` refuses dense ones. ``LazyAdam`` takes both, per
+parameter and per step, from the kind of gradient it finds:
+
+- a dense gradient gets Adam with decoupled weight decay (``torch.optim.AdamW``'s update);
+- a sparse COO gradient (``SampledSoftmaxHead(sparse_grad=True)``, ``nn.Embedding(sparse=True)``)
+  gets exactly ``torch.optim.SparseAdam``'s lazy update on the touched rows: their moments are
+  decayed and the rows moved, the moments of untouched rows are left as they are (not decayed),
+  and bias correction uses the parameter's own step count. The update is vectorised over the
+  touched rows (one gather and one scatter per state tensor), so a step costs ``O(R * D)`` for
+  ``R`` touched rows, not ``O(N * D)``.
+
+Weight decay on sparse rows is lazy as well: a touched row is multiplied by ``1 - lr * wd``
+before its Adam step (AdamW's decoupled decay, applied only when the row is touched), untouched
+rows are not decayed. With ``weight_decay=0`` the sparse update equals ``SparseAdam``'s and the
+dense update equals ``Adam``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+from torch.optim.adam import adam
+
+from .._validation import check_finite_number
+
+
+class LazyAdam(torch.optim.Optimizer):
+    """Adam for dense gradients and lazy (``SparseAdam``) Adam for row-sparse ones, in one
+    optimizer that a ``configure_optimizers`` can return.
+
+    Args:
+        params: parameters or parameter groups, as for any ``torch.optim.Optimizer``.
+        lr: learning rate, ``> 0``.
+        betas: ``(beta1, beta2)``, each in ``[0, 1)``.
+        eps: added to the square root of the second moment, ``> 0``.
+        weight_decay: decoupled weight decay, ``>= 0`` (see the module docstring for sparse rows).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        check_finite_number("lr", lr, minimum=0.0, strict=True)
+        check_finite_number("eps", eps, minimum=0.0, strict=True)
+        check_finite_number("weight_decay", weight_decay, minimum=0.0)
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    def _state_of(self, param: Tensor) -> dict:
+        """The parameter's state, created on first use: a float32 step count (a tensor, as
+        ``torch.optim.Adam`` keeps it, so checkpoints load into either) and the two moments."""
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every parameter that has a gradient.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (Lightning passes one).
+
+        Returns:
+            the closure's loss, or ``None``.
+
+        Raises:
+            RuntimeError: if gradient clipping inside the closure meets a sparse gradient, naming
+                :func:`~lightning_sampled.optim.clip_grad_norm_`.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = _run_closure(closure)
+        for group in self.param_groups:
+            dense: dict[str, list[Tensor]] = {k: [] for k in ("p", "g", "m", "v", "t")}
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self._state_of(param)
+                if param.grad.is_sparse:
+                    state["step"] += 1
+                    _lazy_adam_rows(param, param.grad, state, group)
+                    continue
+                for key, value in zip(
+                    "pgmvt",
+                    (param, param.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]),
+                    strict=True,
+                ):
+                    dense[key].append(value)
+            if dense["p"]:
+                beta1, beta2 = group["betas"]
+                adam(
+                    dense["p"],
+                    dense["g"],
+                    dense["m"],
+                    dense["v"],
+                    [],
+                    dense["t"],
+                    decoupled_weight_decay=True,
+                    amsgrad=False,
+                    beta1=beta1,
+                    beta2=beta2,
+                    lr=group["lr"],
+                    weight_decay=group["weight_decay"],
+                    eps=group["eps"],
+                    maximize=False,
+                )
+        return loss
+
+
+def _run_closure(closure: Callable[[], float]) -> float:
+    """Runs ``closure``; torch's norm clipping (``gradient_clip_val`` in Lightning) fails on
+    sparse gradients with a dispatcher error, which is re-raised saying what to do."""
+    try:
+        return closure()
+    except NotImplementedError as err:
+        if "Sparse" not in str(err):
+            raise
+        raise RuntimeError(
+            "a gradient is row-sparse (sparse_grad=True or nn.Embedding(sparse=True)) and "
+            "torch.nn.utils.clip_grad_norm_ cannot take sparse gradients; clip with "
+            "lightning_sampled.optim.clip_grad_norm_ instead: in your LightningModule, override "
+            "configure_gradient_clipping(self, optimizer, gradient_clip_val, "
+            "gradient_clip_algorithm) to call clip_grad_norm_(self.parameters(), "
+            "gradient_clip_val)"
+        ) from err
+
+
+def _lazy_adam_rows(param: Tensor, grad: Tensor, state: dict, group: dict) -> None:
+    """``SparseAdam``'s update of the rows a sparse ``grad`` touches (decoupled weight decay on
+    those rows first), vectorised: one ``index_select`` and one ``index_copy_`` per tensor."""
+    grad = grad.coalesce()  # duplicate rows (several draws of one class) are summed first
+    rows, values = grad.indices()[0], grad.values()
+    if rows.numel() == 0:
+        return
+    beta1, beta2 = group["betas"]
+    step = float(state["step"])
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    m = exp_avg.index_select(0, rows)
+    v = exp_avg_sq.index_select(0, rows)
+    m.add_(values.sub(m).mul_(1 - beta1))
+    v.add_(values.square().sub_(v).mul_(1 - beta2))
+    exp_avg.index_copy_(0, rows, m)
+    exp_avg_sq.index_copy_(0, rows, v)
+    step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    update = m.div_(v.sqrt_().add_(group["eps"])).mul_(-step_size)
+    old = param.index_select(0, rows)
+    if group["weight_decay"]:
+        old.mul_(1 - group["lr"] * group["weight_decay"])
+    param.index_copy_(0, rows, old.add_(update))
+
+
+@torch.no_grad()
+def clip_grad_norm_(
+    parameters: Iterable[Tensor] | Tensor, max_norm: float, norm_type: float = 2.0
+) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` that also takes sparse COO gradients.
+
+    The total norm is over every gradient's entries (a sparse gradient's duplicate rows are
+    summed first, as the optimizer sees them); all gradients are scaled by
+    ``min(1, max_norm / (total + 1e-6))`` in place.
+
+    Args:
+        parameters: tensors whose ``.grad`` to clip.
+        max_norm: the largest allowed total norm, ``> 0``.
+        norm_type: the ``p`` of the norm (``inf`` allowed).
+
+    Returns:
+        the total norm before clipping, a scalar tensor.
+    """
+    check_finite_number("max_norm", max_norm, minimum=0.0, strict=True)
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return torch.tensor(0.0)
+    for p in params:
+        if p.grad.is_sparse and not p.grad.is_coalesced():
+            p.grad = p.grad.coalesce()
+    entries = [p.grad.values() if p.grad.is_sparse else p.grad for p in params]
+    norms = torch.stack([torch.linalg.vector_norm(g, norm_type).float() for g in entries])
+    total = torch.linalg.vector_norm(norms, norm_type)
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in entries:
+        g.mul_(scale.to(g.dtype))
+    return total
