@@ -2,8 +2,17 @@
 
 An index (MIDX's codebooks and cells, a class tree, ...) goes stale as the class table trains. Every
 submodule with a ``refresh_index()`` method (heads with an index implement one) is rebuilt before
-the first training batch and then every ``every_n_epochs`` epochs (at the first batch of the epoch)
-and / or every ``every_n_train_steps`` optimizer steps.
+the first training batch, then at doubling step intervals early in training (steps 50, 100, 200,
+400, ... by default), every ``every_n_epochs`` epochs (at the first batch of the epoch) and / or
+every ``every_n_train_steps`` optimizer steps.
+
+Why the doubling default: the class table moves fastest in the first few hundred steps, when an
+index built from the random initial table proposes nearly uniform negatives; with only a
+per-epoch refresh, a large catalog (whose epochs are long) trains most of its first epoch on that
+stale index. Doubling intervals refresh often while it matters, and their number grows only with
+the logarithm of the steps, so with a refresh costing ``r`` seconds and a step ``s`` seconds they
+cost at most ``r / (doubling_steps * s)`` of the training time after the first refresh interval
+(and ``log2(steps / doubling_steps)`` refreshes in all).
 
 Under DDP, rank 0 builds and broadcasts the index state (every buffer of the refreshed module and
 the parameters of its samplers, such as MIDX-Learn's codewords) so that every rank samples from the
@@ -42,14 +51,22 @@ class IndexRefresh(Callback):
         every_n_epochs: refresh at the start of every epoch divisible by this; ``None`` for never
             by epoch.
         every_n_train_steps: refresh before the batch where the global step is divisible by this;
-            ``None`` for never by step. With both ``None`` the index is built once, before the
-            first batch.
+            ``None`` for never by step.
+        doubling_steps: refresh before the batches at global steps ``doubling_steps * 2^j``
+            (``j = 0, 1, 2, ...``); ``None`` for no doubling schedule. With all three ``None`` the
+            index is built once, before the first batch.
     """
 
-    def __init__(self, every_n_epochs: int | None = 1, every_n_train_steps: int | None = None):
+    def __init__(
+        self,
+        every_n_epochs: int | None = 1,
+        every_n_train_steps: int | None = None,
+        doubling_steps: int | None = 50,
+    ):
         for name, value in (
             ("every_n_epochs", every_n_epochs),
             ("every_n_train_steps", every_n_train_steps),
+            ("doubling_steps", doubling_steps),
         ):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
@@ -57,6 +74,7 @@ class IndexRefresh(Callback):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         self.every_n_epochs = every_n_epochs
         self.every_n_train_steps = every_n_train_steps
+        self.doubling_steps = doubling_steps
         self.last_epoch: int | None = None
         self.last_step: int | None = None
         self.num_refreshes = 0
@@ -74,9 +92,15 @@ class IndexRefresh(Callback):
     def _due(self, epoch: int, step: int) -> bool:
         if self.last_step is None:
             return True
+        if step == self.last_step and epoch == self.last_epoch:
+            return False  # the other micro-batches of an accumulated step
         by_step = self.every_n_train_steps is not None and (
             step % self.every_n_train_steps == 0 and step != self.last_step
         )
+        if self.doubling_steps is not None and step != self.last_step:
+            intervals, rest = divmod(step, self.doubling_steps)
+            if rest == 0 and intervals >= 1 and intervals & (intervals - 1) == 0:
+                by_step = True
         by_epoch = self.every_n_epochs is not None and (
             epoch % self.every_n_epochs == 0 and epoch != self.last_epoch
         )

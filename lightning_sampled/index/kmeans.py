@@ -1,8 +1,12 @@
-"""k-means through faiss over every point, warm-started, with empty clusters re-seeded.
+"""k-means through faiss on a sample of the points, warm-started, with empty clusters re-seeded.
 
-faiss' ``Kmeans`` trains on at most ``256 * k`` points unless ``max_points_per_centroid`` is raised;
-here it is raised so that every point is used. A warm start (``init``) begins from the previous
-centroids, so that an index rebuilt every epoch moves smoothly. After training, any centroid left
+faiss' ``Kmeans`` trains on a random sample of at most ``max_points_per_centroid * k`` points
+(faiss' own subsampling, default 256 per centroid as in faiss); every point is then assigned to
+its nearest centroid in row chunks. At a million classes and ``k = 32`` that trains on 8,192
+points instead of a million, which makes a refresh cost about one pass over the table rather than
+``niter`` passes, for a quantisation error within a few percent of training on every point
+(``max_points_per_centroid=None`` trains on all of them). A warm start (``init``) begins from the
+previous centroids, so that an index rebuilt often moves smoothly. After training, any centroid left
 without a point is moved onto a random point of a cluster that has two or more, and the points are
 reassigned; this repeats until no cluster is empty (or only duplicated points remain), so that no
 codeword, and no cell of a multi-index built on it, is left empty by accident.
@@ -43,16 +47,25 @@ def nearest_centroid(x: Tensor, centroids: Tensor, chunk_size: int = 65536) -> T
 
 
 def kmeans(
-    x: Tensor, k: int, *, init: Tensor | None = None, niter: int = 25, seed: int = 0
+    x: Tensor,
+    k: int,
+    *,
+    init: Tensor | None = None,
+    niter: int = 25,
+    seed: int = 0,
+    max_points_per_centroid: int | None = 256,
 ) -> tuple[Tensor, Tensor]:
-    """Clusters the rows of ``x`` into ``k`` clusters with faiss, on every point.
+    """Clusters the rows of ``x`` into ``k`` clusters with faiss, trained on a sample.
 
     Args:
         x: ``[n, d]`` points (any device; faiss runs on CPU in fp32), ``n >= k``.
         k: the number of clusters.
         init: optional ``[k, d]`` starting centroids (the previous refresh's, for a warm start).
         niter: Lloyd iterations.
-        seed: faiss' seed, and the seed of the re-seeding of empty clusters.
+        seed: faiss' seed (also of its sample), and the seed of the re-seeding of empty
+            clusters.
+        max_points_per_centroid: train on at most this many points per centroid, a random
+            sample drawn by faiss; ``None`` trains on every point.
 
     Returns:
         ``(centroids, assignment)``: fp32 ``[k, d]`` on ``x``'s device and long ``[n]``, the
@@ -70,7 +83,9 @@ def kmeans(
         k,
         niter=niter,
         seed=seed,
-        max_points_per_centroid=math.ceil(n / k) + 1,
+        max_points_per_centroid=(
+            math.ceil(n / k) + 1 if max_points_per_centroid is None else max_points_per_centroid
+        ),
         min_points_per_centroid=1,
         verbose=False,
     )

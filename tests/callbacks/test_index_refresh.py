@@ -75,7 +75,13 @@ def fit(model, callback, tmp_path, epochs, ckpt_path=None, ckpt_dir="ckpt", **kw
         ({}, 3, [(0, 0), (1, 4), (2, 8)]),
         ({"every_n_epochs": 2}, 3, [(0, 0), (2, 8)]),
         ({"every_n_epochs": None, "every_n_train_steps": 3}, 2, [(0, 0), (0, 3), (1, 6)]),
-        ({"every_n_epochs": None}, 2, [(0, 0)]),
+        ({"every_n_epochs": None, "doubling_steps": None}, 2, [(0, 0)]),
+        (
+            {"every_n_epochs": None, "doubling_steps": 1},
+            3,
+            [(0, 0), (0, 1), (0, 2), (1, 4), (2, 8)],
+        ),
+        ({"doubling_steps": 3}, 3, [(0, 0), (0, 3), (1, 4), (1, 6), (2, 8)]),
     ],
 )
 def test_refreshes_before_the_first_batch_and_on_schedule(tmp_path, kwargs, epochs, expected):
@@ -117,7 +123,12 @@ def test_state_dict_round_trip_and_bad_arguments():
     other = IndexRefresh(every_n_train_steps=5)
     other.load_state_dict(callback.state_dict())
     assert (other.last_epoch, other.last_step, other.num_refreshes) == (3, 17, 4)
-    for kwargs in ({"every_n_epochs": 0}, {"every_n_train_steps": -1}, {"every_n_epochs": 1.5}):
+    for kwargs in (
+        {"every_n_epochs": 0},
+        {"every_n_train_steps": -1},
+        {"every_n_epochs": 1.5},
+        {"doubling_steps": 0},
+    ):
         with pytest.raises(ValueError, match="must be a positive int or None"):
             IndexRefresh(**kwargs)
 

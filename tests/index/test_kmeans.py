@@ -12,13 +12,17 @@ def blobs(n_per: int, centers: torch.Tensor, seed: int = 0) -> torch.Tensor:
     return torch.cat([c + 0.3 * torch.randn(n_per, centers.shape[1], generator=g) for c in centers])
 
 
-def test_centroids_are_means_over_all_points_not_a_subsample():
-    # 2000 points per centroid: faiss' default would train on 256 of them and the centroid would
-    # be the mean of that subsample, about 0.3 / 16 = 0.02 off the full mean.
+def test_without_a_cap_centroids_are_means_over_all_points():
+    # 2000 points per centroid: the default trains on 256 of them and the centroid is the mean of
+    # that subsample, about 0.3 / 16 = 0.02 off the full mean; without a cap it is the full mean.
     x = blobs(2000, torch.tensor([[0.0, 0.0, 0.0], [4.0, 4.0, 4.0]]))
-    centroids, assignment = kmeans(x, 2, niter=20, seed=3)
+    centroids, assignment = kmeans(x, 2, niter=20, seed=3, max_points_per_centroid=None)
     for j in range(2):
         torch.testing.assert_close(centroids[j], x[assignment == j].mean(0), atol=1e-4, rtol=0)
+    sampled, assignment = kmeans(x, 2, niter=20, seed=3)
+    off = [float((sampled[j] - x[assignment == j].mean(0)).abs().max()) for j in range(2)]
+    assert max(off) > 1e-3, off  # trained on a sample: not the mean of every point
+    assert max(off) < 0.1, off  # but close to it
 
 
 def test_assignment_is_the_nearest_centroid():
