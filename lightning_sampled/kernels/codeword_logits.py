@@ -56,9 +56,37 @@ def codeword_logits_reference(
     """
     s1 = z1.float() @ c1.float().T
     s2 = z2.float() @ c2.float().T
-    log_psi = torch.logsumexp(s2[:, None, :] + log_counts.float(), dim=-1)
+    if log_counts.dim() == 2:
+        log_psi = log_cell_normalisers(s2, log_counts)
+    else:
+        log_psi = torch.logsumexp(s2[:, None, :] + log_counts.float(), dim=-1)
     log_z = torch.logsumexp(s1 + log_psi, dim=-1)
     return CodewordLogits(s1, s2, log_psi, log_z)
+
+
+def log_cell_normalisers(s2: Tensor, log_counts: Tensor) -> Tensor:
+    """``log_psi[b, k1] = log sum_k2 |Omega[k1, k2]| exp(s2[b, k2])`` as one ``[B, K] x [K, K]``
+    product, without a ``[B, K, K]`` tensor.
+
+    ``exp(s2 - max_k2 s2)`` is taken in fp64, so a row of cells underflows to ``-inf`` only when
+    its share is below ``e^-700`` of the row maximum's, where the fp32 result would be ``-inf``
+    anyway.
+
+    Args:
+        s2: ``[B, K]`` second-codebook logits.
+        log_counts: ``[K, K]`` log cell sizes (``-inf`` for empty cells).
+
+    Returns:
+        fp32 ``[B, K]``; ``-inf`` for rows ``k1`` without any class.
+    """
+    top = s2.amax(dim=1, keepdim=True).double()
+    return ((codeword_weights(s2) @ log_counts.double().exp().T).log() + top).float()
+
+
+def codeword_weights(s2: Tensor) -> Tensor:
+    """``exp(s2 - max_k s2)`` per query, fp64 ``[B, K]``: the second stage's codeword weights,
+    shared by :func:`log_cell_normalisers` and MIDX's draw so that both see the same zeros."""
+    return (s2.double() - s2.amax(dim=1, keepdim=True).double()).exp()
 
 
 def codeword_logits(

@@ -44,6 +44,7 @@ from ..kernels.codeword_logits import (
     CodewordLogits,
     codeword_logits,
     codeword_logits_reference,
+    codeword_weights,
 )
 from .base import Sample, Sampler, skip_padding
 
@@ -337,14 +338,14 @@ class MIDXSampler(Sampler):
             batch, num_samples, device=z.device, generator=generator, dtype=torch.float64
         )
         k1 = _inverse_cdf(log_p1.exp(), u[0])
-        log_p2 = log_weights + logits.s2[:, None, :] - logits.log_psi[:, :, None]
-        k2 = _inverse_cdf_in_row(log_p2.exp(), k1, u[1])
-        cell = k1 * k + k2
         if residual_logits is None:
-            ids = self._uniform_in_cell(cell, u_cell)
+            k2 = _draw_second_codeword(self.cell_counts.view(k, k), logits.s2, k1, u[1])
+            ids = self._uniform_in_cell(k1 * k + k2, u_cell)
             log_q = logits.s1.gather(1, k1) + logits.s2.gather(1, k2) - logits.log_z[:, None]
         else:
-            ids = self._residual_softmax_in_cell(cell, u_cell, residual_logits, log_weights)
+            log_p2 = log_weights + logits.s2[:, None, :] - logits.log_psi[:, :, None]
+            k2 = _inverse_cdf_in_row(log_p2.exp(), k1, u[1])
+            ids = self._residual_softmax_in_cell(k1 * k + k2, u_cell, residual_logits, log_weights)
             log_q = self._log_prob_from(logits, log_weights, residual_logits, ids)
         return Sample(ids, log_q)
 
@@ -510,6 +511,41 @@ def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
         long ``[B, S]`` indices in ``[0, K)`` with positive probability.
     """
     return torch.searchsorted(_cdf(probs), u, right=True)
+
+
+def _draw_second_codeword(counts: Tensor, s2: Tensor, k1: Tensor, u: Tensor) -> Tensor:
+    """Fast mode's second stage: ``k2 ~ P2(. | k1) ∝ |Omega[k1, k2]| exp(s2[k2])`` for each draw.
+
+    Each draw gathers its row of cell sizes and multiplies it by the query's
+    ``exp(s2 - max s2)`` (fp64, the same weights as
+    :func:`~lightning_sampled.kernels.codeword_logits.log_cell_normalisers`, so a row whose
+    weights all underflow has ``P1 = 0`` and is never drawn): a ``[b, M, K]`` table for a chunk of
+    ``b`` queries, with ``b`` chosen so that a chunk holds at most ``2^22`` entries. Memory is
+    ``O(B * (K + M))`` beside that bounded workspace, never ``O(B * K^2)``, and the draw needs no
+    exponential per entry.
+
+    Args:
+        counts: ``[K, K]`` cell sizes.
+        s2: ``[B, K]`` second-codebook logits.
+        k1: long ``[B, M]`` first codewords drawn (rows with at least one class).
+        u: ``[B, M]`` uniforms in ``[0, 1)``.
+
+    Returns:
+        long ``[B, M]`` second codewords, each of a non-empty cell ``(k1, k2)``.
+    """
+    batch, draws = k1.shape
+    k = counts.shape[0]
+    weights = codeword_weights(s2)
+    counts = counts.double()
+    chunk = max(1, (1 << 22) // max(1, draws * k))
+    parts = []
+    for b in range(0, batch, chunk):
+        cdf = torch.cumsum(counts[k1[b : b + chunk]] * weights[b : b + chunk, None, :], dim=-1)
+        # v < total, and the running sums are monotone in fp64: the first entry above v has
+        # positive mass, so no draw lands on an empty cell or past the row
+        v = u[b : b + chunk, :, None].double() * cdf[..., -1:]
+        parts.append(torch.searchsorted(cdf, v, right=True))
+    return torch.cat(parts).view(batch, draws) if parts else k1.clone()
 
 
 def _inverse_cdf_in_row(probs: Tensor, rows: Tensor, u: Tensor) -> Tensor:

@@ -84,3 +84,20 @@ def test_dispatch_uses_the_reference_on_cpu():
     args = inputs(5, 4, 3, 3)
     for a, b in zip(codeword_logits(*args), codeword_logits_reference(*args), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_reference_cell_normalisers_equal_the_brute_force_log_sum_exp(scale):
+    """The reference's ``[B, K] x [K, K]`` product equals the ``[B, K, K]`` log-sum-exp, empty
+    rows included, also where the logits spread far beyond fp32's exponent range."""
+    z1, z2, c1, c2, log_counts = inputs(37, 12, 5, 6, seed=3, scale=scale, empty_rows=(1, 7))
+    got = codeword_logits_reference(z1, z2, c1, c2, log_counts)
+    s2 = z2 @ c2.T
+    want = torch.logsumexp(s2.double()[:, None, :] + log_counts.double(), dim=-1).float()
+    assert got.log_psi[:, [1, 7]].eq(-math.inf).all()
+    torch.testing.assert_close(got.log_psi, want, rtol=1e-5, atol=1e-4)
+    # per-query weights [B, K, K] (MIDX's exact mode) take the brute-force path
+    per_query = log_counts.expand(37, -1, -1)
+    torch.testing.assert_close(
+        codeword_logits_reference(z1, z2, c1, c2, per_query).log_psi, got.log_psi
+    )

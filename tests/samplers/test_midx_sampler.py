@@ -136,6 +136,10 @@ def test_draws_stay_in_their_cell_and_empty_cells_are_never_drawn():
     draw = sampler.sample(z, 5000, generator=torch.Generator().manual_seed(2))
     assert counts[sampler.class_cells[draw.ids]].min() > 0
     assert torch.isfinite(draw.log_q).all()
+    # and the frequencies are the proposal's: an empty cell's share would land on a neighbour
+    probs = sampler.log_prob(z, torch.arange(40)).exp()
+    for b in range(4):
+        assert chi_square_pvalue(draw.ids[b], probs[b]) > 1e-3
 
 
 def test_inverse_cdf_never_returns_a_zero_probability_entry():
