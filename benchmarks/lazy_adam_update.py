@@ -35,6 +35,21 @@ def sparse_grad(table: torch.nn.Parameter, rows: int, seed: int) -> torch.Tensor
     return grad
 
 
+def round_robin(
+    optimizers: dict[str, tuple[torch.nn.Parameter, torch.optim.Optimizer]],
+    grad: torch.Tensor,
+    repeats: int,
+) -> dict[str, list[float]]:
+    """Seconds of one step of each optimizer on ``grad``, alternating for ``repeats`` rounds, so
+    that both see the same machine load."""
+    times: dict[str, list[float]] = {name: [] for name in optimizers}
+    for _ in range(repeats):
+        for name, (table, optimizer) in optimizers.items():
+            table.grad = grad.clone()
+            times[name].append(median_time(optimizer.step, 1, 0)[0])
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -48,16 +63,7 @@ def main() -> None:
             table = torch.nn.Parameter(torch.randn(n, d))
             optimizers[name] = (table, cls([table], lr=1e-3))
         grad = sparse_grad(optimizers["LazyAdam"][0], touched, seed=0)
-
-        def step(name: str) -> None:
-            table, optimizer = optimizers[name]
-            table.grad = grad.clone()
-            optimizer.step()
-
-        times = {name: [] for name in optimizers}
-        for _ in range(args.repeats):  # round robin: both see the same machine load
-            for name in optimizers:
-                times[name].append(median_time(lambda name=name: step(name), 1, 0)[0])
+        times = round_robin(optimizers, grad, args.repeats)
         base = sorted(times["SparseAdam"])[len(times["SparseAdam"]) // 2]
         for name, values in times.items():
             median = sorted(values)[len(values) // 2]
@@ -73,7 +79,6 @@ def main() -> None:
                 }
             )
             print(rows[-1], flush=True)
-        del optimizers, grad
     write_results(
         "lazy_adam_update",
         rows,
