@@ -21,7 +21,9 @@ dense update equals ``Adam``'s.
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Callable, Iterable
+from pathlib import PurePath
 
 import torch
 from torch import Tensor
@@ -124,21 +126,38 @@ class LazyAdam(torch.optim.Optimizer):
 
 
 def _run_closure(closure: Callable[[], float]) -> float:
-    """Runs ``closure``; torch's norm clipping (``gradient_clip_val`` in Lightning) fails on
-    sparse gradients with a dispatcher error, which is re-raised saying what to do."""
+    """Runs ``closure``, re-raising two torch errors about sparse gradients with what to do:
+    norm clipping (``gradient_clip_val`` in Lightning), which cannot take them, and DDP's
+    gradient reducer, which expects a dense gradient for a table no sparse ``nn.Embedding`` owns.
+    """
     try:
         return closure()
     except NotImplementedError as err:
-        if "Sparse" not in str(err):
-            raise
-        raise RuntimeError(
-            "a gradient is row-sparse (sparse_grad=True or nn.Embedding(sparse=True)) and "
-            "torch.nn.utils.clip_grad_norm_ cannot take sparse gradients; clip with "
-            "lightning_sampled.optim.clip_grad_norm_ instead: in your LightningModule, override "
-            "configure_gradient_clipping(self, optimizer, gradient_clip_val, "
-            "gradient_clip_algorithm) to call clip_grad_norm_(self.parameters(), "
-            "gradient_clip_val)"
-        ) from err
+        if "Sparse" in str(err) and _raised_in_clip_grad(err):
+            raise RuntimeError(
+                "a gradient is row-sparse (sparse_grad=True or nn.Embedding(sparse=True)) and "
+                "torch.nn.utils.clip_grad_norm_ cannot take sparse gradients; clip with "
+                "lightning_sampled.optim.clip_grad_norm_ instead: in your LightningModule, "
+                "override configure_gradient_clipping(self, optimizer, gradient_clip_val, "
+                "gradient_clip_algorithm) to call clip_grad_norm_(self.parameters(), "
+                "gradient_clip_val)"
+            ) from err
+        if "Cannot access storage of SparseTensorImpl" in str(err):
+            raise RuntimeError(
+                "DDP expected a dense gradient for a parameter that received a row-sparse one: "
+                "torch's DDP reduces a sparse gradient only for a parameter first registered in "
+                "an nn.Embedding(sparse=True). Hold the class table of a sparse_grad=True head in "
+                "such an embedding, registered before the head, and tie the head to it "
+                "(SampledSoftmaxHead(..., sparse_grad=True, weight=embedding.weight)), or use "
+                "sparse_grad=False under DDP"
+            ) from err
+        raise
+
+
+def _raised_in_clip_grad(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside ``torch.nn.utils.clip_grad``."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return any(PurePath(f.filename).parts[-3:] == ("nn", "utils", "clip_grad.py") for f in frames)
 
 
 def _lazy_adam_rows(param: Tensor, grad: Tensor, state: dict, group: dict) -> None:
