@@ -55,6 +55,8 @@ def _split(spec: Mapping[str, Any], what: str) -> tuple[str, dict[str, Any]]:
     init args too, and win over ``init_args``: that is jsonargparse's flattened form, and what a
     command-line override such as ``--model.init_args.head.init_args.num_negatives=50`` produces
     for these mapping-typed arguments."""
+    if callable(getattr(spec, "as_dict", None)):  # a jsonargparse Namespace (nested specs)
+        spec = spec.as_dict()
     if not isinstance(spec, Mapping) or "class_path" not in spec:
         raise ValueError(
             f"{what} must be a mapping with a class_path (and init_args), got {spec!r}"
@@ -89,11 +91,19 @@ def build_sampler(
 ) -> Sampler:
     """A sampler from its spec, given ``num_classes``, ``padding_idx``, the head's ``dim`` (for
     samplers taking one, e.g. learnable MIDX) and the ``[N]`` training counts of the data module
-    (for samplers taking ``counts``, e.g. ``UnigramSampler``)."""
+    (for samplers taking ``counts``, e.g. ``UnigramSampler``). A ``MixtureSampler``'s
+    ``components`` are specs themselves, built the same way."""
     class_path, kwargs = _split(spec, "sampler")
     cls = resolve_class(class_path, samplers, Sampler)
     params = inspect.signature(cls).parameters
-    if "counts" in params and "counts" not in kwargs:
+    if "components" in params and "components" in kwargs:  # MixtureSampler: nested specs
+        kwargs["components"] = [
+            build_sampler(part, num_classes, dim, padding_idx, class_counts)
+            for part in kwargs["components"]
+        ]
+        _check_arguments(cls, kwargs, "sampler")
+        return cls(**kwargs)
+    if "counts" in params and kwargs.get("counts") is None:
         if class_counts is None:
             raise ValueError(f"{cls.__name__} needs class_counts from the data module")
         kwargs["counts"] = class_counts
@@ -101,8 +111,9 @@ def build_sampler(
         kwargs.setdefault("dim", dim)
     if "num_classes" in params:
         kwargs["num_classes"] = num_classes
+    kwargs["padding_idx"] = padding_idx
     _check_arguments(cls, kwargs, "sampler")
-    return cls(padding_idx=padding_idx, **kwargs)
+    return cls(**kwargs)
 
 
 def build_head(

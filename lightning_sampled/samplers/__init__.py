@@ -2,7 +2,8 @@
 
 from .base import Sample, Sampler
 from .midx import MIDXSampler
+from .mixture import MixtureSampler
 from .static import LogUniformSampler, UniformSampler, UnigramSampler
 
 __all__ = ["LogUniformSampler", "Sample", "Sampler", "UniformSampler", "UnigramSampler"]
-__all__ += ["MIDXSampler"]
+__all__ += ["MIDXSampler", "MixtureSampler"]
