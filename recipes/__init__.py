@@ -10,11 +10,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
-from .data import MovieLens, PennTreebank, RecipeData
+from .data import GCIDE, MovieLens, PennTreebank, RecipeData, SyntheticSequences
 from .models import GRU4Rec, LSTMLanguageModel, SASRec
 from .module import LanguageModel, SampledModule, SequentialRecommender
 
 __all__ = [
+    "GCIDE",
     "GRU4Rec",
     "LSTMLanguageModel",
     "LanguageModel",
@@ -24,4 +25,5 @@ __all__ = [
     "SASRec",
     "SampledModule",
     "SequentialRecommender",
+    "SyntheticSequences",
 ]

@@ -72,7 +72,43 @@ def batchify(stream: Tensor, batch_size: int, bptt: int) -> list[dict[str, Tenso
     return windows
 
 
-class PennTreebank(RecipeData):
+class TokenStreams(RecipeData):
+    """Base of the language-model data modules: subclasses set ``words`` (the vocabulary by id),
+    ``bptt``, ``batch_size`` and ``eval_batch_size`` and implement :meth:`stream`; batches are
+    consecutive BPTT windows ``{"input", "target"}`` ``[batch_size, bptt]`` (see
+    :func:`batchify`)."""
+
+    words: list[str]
+    bptt: int
+    batch_size: int
+    eval_batch_size: int
+
+    def stream(self, split: str) -> Tensor:
+        """The ``[T]`` token ids of ``split`` (``train``, ``validation`` or ``test``)."""
+        raise NotImplementedError
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.words)
+
+    @property
+    def class_counts(self) -> list[int]:
+        return torch.bincount(self.stream("train"), minlength=self.num_classes).tolist()
+
+    def _loader(self, split: str, batch_size: int) -> DataLoader:
+        return DataLoader(batchify(self.stream(split), batch_size, self.bptt), batch_size=None)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", self.eval_batch_size)
+
+
+class PennTreebank(TokenStreams):
     """PTB language modelling; exact perplexity over the full 10,000-word vocabulary.
 
     Batches are consecutive BPTT windows ``{"input", "target"}`` ``[batch_size, bptt]``; hidden
@@ -110,24 +146,3 @@ class PennTreebank(RecipeData):
         """The ``[T]`` token ids of ``split`` (truncated to ``max_tokens``)."""
         ids = self.splits[split][0]["ids"][: self.max_tokens]
         return torch.tensor(ids, dtype=torch.long)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.words)
-
-    @property
-    def class_counts(self) -> list[int]:
-        return torch.bincount(self.stream("train"), minlength=self.num_classes).tolist()
-
-    def _loader(self, split: str, batch_size: int) -> DataLoader:
-        windows = batchify(self.stream(split), batch_size, self.bptt)
-        return DataLoader(windows, batch_size=None)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.eval_batch_size)

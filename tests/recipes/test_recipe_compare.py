@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from recipes.compare import CONFIGS, cli_main, compare
+from recipes.compare import CONFIGS, cli_main, compare, max_time_arg
 from recipes.tables import markdown_table
 
 SLICE = [
@@ -33,6 +33,44 @@ def test_compare_writes_one_row_per_head_with_the_ratio_split(tmp_path):
     table = out.with_suffix(".md").read_text()
     assert "| full | 1 |" in table and "test/recall@10" in table and "validation" not in table
     assert out.with_suffix(".png").stat().st_size > 0
+    for row in rows:  # what every run records
+        assert row["steps"] == 2 and row["train positions"] > 0 and row["train s"] > 0
+        assert row["positions/s"] == pytest.approx(row["train positions"] / row["train s"])
+        assert row["refresh s"] == 0 and row["peak RSS MB"] > 50
+        assert "up to 1 epochs, best checkpoint" in table
+
+
+def test_step_budget_evaluates_the_final_weights(tmp_path):
+    extra = [*SLICE[:2], SLICE[3]]  # the whole epoch (more than 3 batches)
+    out = tmp_path / "budget"
+    (row,) = compare(
+        CONFIGS / "sasrec_ml-100k.yaml", ["midx_rq"], None, 0, extra, out, max_steps=3, val_every=2
+    )
+    assert row["steps"] == 3
+    # the validation at step 2, then the final weights' one after training
+    assert [v["step"] for v in row["validation"]] == [2, 3]
+    assert row["validation"][0]["positions"] < row["validation"][1]["positions"]
+    assert row["val/ndcg@10"] == row["validation"][-1]["val/ndcg@10"]
+    assert 0 <= row["test/ndcg@10"] <= 1 and not any(k.startswith("best") for k in row)
+    assert row["refresh s"] > 0 and row["train s"] > row["refresh s"]
+    assert (
+        "budget 3 steps, validation every 2 steps, final weights"
+        in out.with_suffix(".md").read_text()
+    )
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_time_budget_stops_training(tmp_path):
+    extra = [*SLICE[:2], SLICE[3]]
+    (row,) = compare(CONFIGS / "sasrec_ml-100k.yaml", ["uniform"], None, 0, extra, max_time=0.02)
+    assert row["steps"] > 0 and row["train s"] < 30
+    assert "val/ndcg@10" in row and "test/ndcg@10" in row
+
+
+def test_max_time_is_lightning_duration():
+    assert max_time_arg(10) == "00:00:10:00"
+    assert max_time_arg(0.5) == "00:00:00:30"
+    assert max_time_arg(1501) == "01:01:01:00"
 
 
 def test_markdown_keeps_columns_in_first_seen_order():
@@ -48,7 +86,10 @@ def test_markdown_keeps_columns_in_first_seen_order():
 def test_unknown_head_fails_before_training(capsys):
     with pytest.raises(SystemExit, match="no head config .*nope.yaml; known heads: full"):
         cli_main(["--config", str(CONFIGS / "sasrec_ml-100k.yaml"), "--heads", "full", "nope"])
+    base = ["--config", str(CONFIGS / "sasrec_ml-100k.yaml"), "--heads", "full"]
     with pytest.raises(SystemExit, match="--epochs must be >= 1"):
-        cli_main(
-            ["--config", str(CONFIGS / "sasrec_ml-100k.yaml"), "--heads", "full", "--epochs", "0"]
-        )
+        cli_main([*base, "--epochs", "0"])
+    with pytest.raises(SystemExit, match="--max-steps must be >= 1, got 0"):
+        cli_main([*base, "--max-steps", "0"])
+    with pytest.raises(SystemExit, match="--max-time must be > 0 minutes"):
+        cli_main([*base, "--max-time", "0"])
