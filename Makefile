@@ -4,7 +4,7 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup test demo bench lint
+.PHONY: setup test demo bench bench-train-step lint
 
 setup:
 	bash scripts/setup.sh
@@ -17,6 +17,9 @@ demo: setup
 
 bench: setup
 	$(PY) -m benchmarks.head_step
+
+bench-train-step: setup
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.train_step
 
 lint: setup
 	$(PY) -m ruff check lightning_sampled tests benchmarks recipes
