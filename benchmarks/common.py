@@ -103,6 +103,21 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_extra_bytes(fn: Callable[[], Any], device: str) -> float:
+    """Peak bytes ``fn()`` allocates beyond what was allocated before it: CUDA's allocator
+    statistics on ``"cuda"``, the process' peak RSS (reset first) elsewhere."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return float(torch.cuda.max_memory_allocated() - base)
+    base = reset_peak_rss()
+    fn()
+    return float(peak_rss_bytes() - base)
+
+
 def write_results(
     name: str,
     rows: Sequence[dict[str, Any]],

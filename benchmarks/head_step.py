@@ -30,8 +30,7 @@ import torch.nn.functional as F
 from benchmarks.common import (
     RESULTS_DIR,
     median_time,
-    peak_rss_bytes,
-    reset_peak_rss,
+    peak_extra_bytes,
     write_results,
 )
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
@@ -89,17 +88,8 @@ def build_step(method: str, num_classes: int, batch: int, dim: int, device: str)
 def measure_memory(method: str, num_classes: int, batch: int, dim: int, device: str) -> float:
     """Peak extra bytes of one step of ``method``, measured in this (fresh) process."""
     step = build_step(method, num_classes, batch, dim, device)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return float(torch.cuda.max_memory_allocated() - base)
     gc.collect()
-    base = reset_peak_rss()
-    step()
-    return float(peak_rss_bytes() - base)
+    return peak_extra_bytes(step, device)
 
 
 def memory_in_subprocess(method: str, num_classes: int, batch: int, dim: int, device: str) -> float:

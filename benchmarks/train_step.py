@@ -70,6 +70,7 @@ from torch import nn
 
 from benchmarks.common import (
     RESULTS_DIR,
+    peak_extra_bytes,
     peak_rss_bytes,
     provenance,
     reset_peak_rss,
@@ -192,17 +193,9 @@ def _malloc_trim() -> None:
 def step_memory(step: Callable[[], list[float]], device: str) -> float:
     """Peak bytes one step allocates beyond what persists between steps."""
     gc.collect()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return float(torch.cuda.max_memory_allocated() - base)
-    _malloc_trim()
-    base = reset_peak_rss()
-    step()
-    return float(peak_rss_bytes() - base)
+    if device != "cuda":
+        _malloc_trim()
+    return peak_extra_bytes(step, device)
 
 
 def state_bytes(path: TrainPath, sampler: str) -> float:
