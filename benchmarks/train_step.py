@@ -672,7 +672,8 @@ Verdicts on the median wall-clock and the median CPU-time ratios (MIXED: one pas
             "it; compare columns of one table, which were profiled interleaved).\n",
             "\n".join(profile_tables(run, args.profile_top)) or "(no profiled sizes)",
             "\n## Run\n",
-            f"`OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} {command}` "
+            f"`OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')} "
+            f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')} {command}` "
             f"(or `make bench-train-step`); {elapsed / 60:.1f} min in all.",
             "\n## Machine load during the run\n",
             args.load_note,
