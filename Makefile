@@ -19,7 +19,7 @@ bench: setup
 	$(PY) -m benchmarks.head_step
 
 bench-train-step: setup
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.train_step
+	OMP_NUM_THREADS=1 THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.train_step --name train_step_huge_pages
 
 lint: setup
 	$(PY) -m ruff check lightning_sampled tests benchmarks recipes
