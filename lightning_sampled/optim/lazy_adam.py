@@ -9,8 +9,8 @@ parameter and per step, from the kind of gradient it finds:
   gets exactly ``torch.optim.SparseAdam``'s lazy update on the touched rows: their moments are
   decayed and the rows moved, the moments of untouched rows are left as they are (not decayed),
   and bias correction uses the parameter's own step count. The update is vectorised over the
-  touched rows (one gather and one scatter per state tensor), so a step costs ``O(R * D)`` for
-  ``R`` touched rows, not ``O(N * D)``.
+  touched rows (one gather and one scatter per state tensor, in cache-sized blocks of rows), so
+  a step costs ``O(R * D)`` for ``R`` touched rows, not ``O(N * D)``.
 
 Weight decay on sparse rows is lazy as well: a touched row is multiplied by ``1 - lr * wd``
 before its Adam step (AdamW's decoupled decay, applied only when the row is touched), untouched
@@ -162,26 +162,79 @@ def _raised_in_clip_grad(err: BaseException) -> bool:
 
 def _lazy_adam_rows(param: Tensor, grad: Tensor, state: dict, group: dict) -> None:
     """``SparseAdam``'s update of the rows a sparse ``grad`` touches (decoupled weight decay on
-    those rows first), vectorised: one ``index_select`` and one ``index_copy_`` per tensor."""
-    grad = grad.coalesce()  # duplicate rows (several draws of one class) are summed first
-    rows, values = grad.indices()[0], grad.values()
-    if rows.numel() == 0:
-        return
+    those rows first), over blocks of touched rows small enough to stay in cache."""
+    rows, values = _summed_rows(grad)
     beta1, beta2 = group["betas"]
     step = float(state["step"])
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    m = exp_avg.index_select(0, rows)
-    v = exp_avg_sq.index_select(0, rows)
-    m.add_(values.sub(m).mul_(1 - beta1))
-    v.add_(values.square().sub_(v).mul_(1 - beta2))
+    step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    decay = 1 - group["lr"] * group["weight_decay"]
+    block = _rows_per_block(values)
+    for start in range(0, rows.numel(), block):
+        _update_block(
+            param,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            rows[start : start + block],
+            values[start : start + block],
+            betas=(beta1, beta2),
+            eps=group["eps"],
+            step_size=step_size,
+            decay=decay,
+        )
+
+
+def _summed_rows(grad: Tensor) -> tuple[Tensor, Tensor]:
+    """The distinct rows of a sparse COO ``grad`` and their summed values.
+
+    Args:
+        grad: a sparse ``[N, D]`` gradient, coalesced or not (several draws of one class give
+            duplicate rows).
+
+    Returns:
+        ``rows`` long ``[R]`` (sorted, distinct) and ``values`` ``[R, D]``.
+    """
+    if grad.is_coalesced():
+        return grad.indices()[0], grad.values()
+    # torch.unique + index_add_ is about twice as fast as Tensor.coalesce on CPU for [R, D] values
+    rows, inverse = torch.unique(grad._indices()[0], sorted=True, return_inverse=True)
+    values = grad._values()
+    summed = values.new_zeros(rows.numel(), *values.shape[1:]).index_add_(0, inverse, values)
+    return rows, summed
+
+
+_BLOCK_BYTES = 1 << 19
+
+
+def _rows_per_block(values: Tensor) -> int:
+    """How many rows of ``values`` ``[R, D]`` fill about 512 KiB: a block's temporaries then
+    stay in cache between the element-wise passes (2x faster than one pass over all rows)."""
+    row_bytes = max(1, values[0].numel() * values.element_size()) if values.shape[0] else 1
+    return max(1, _BLOCK_BYTES // row_bytes)
+
+
+def _update_block(
+    param: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    rows: Tensor,
+    values: Tensor,
+    *,
+    betas: tuple[float, float],
+    eps: float,
+    step_size: float,
+    decay: float,
+) -> None:
+    """Adam on ``rows`` (long ``[r]``, distinct) of ``param`` and its moments (each ``[N, D]``)
+    given their summed gradient ``values`` ``[r, D]``: one gather and one scatter per tensor."""
+    beta1, beta2 = betas
+    m = exp_avg.index_select(0, rows).lerp_(values, 1 - beta1)
+    v = exp_avg_sq.index_select(0, rows).mul_(beta2).addcmul_(values, values, value=1 - beta2)
     exp_avg.index_copy_(0, rows, m)
     exp_avg_sq.index_copy_(0, rows, v)
-    step_size = group["lr"] * math.sqrt(1 - beta2**step) / (1 - beta1**step)
-    update = m.div_(v.sqrt_().add_(group["eps"])).mul_(-step_size)
     old = param.index_select(0, rows)
-    if group["weight_decay"]:
-        old.mul_(1 - group["lr"] * group["weight_decay"])
-    param.index_copy_(0, rows, old.add_(update))
+    if decay != 1:
+        old.mul_(decay)
+    param.index_copy_(0, rows, old.addcdiv_(m, v.sqrt_().add_(eps), value=-step_size))
 
 
 @torch.no_grad()

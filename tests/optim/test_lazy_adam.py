@@ -11,7 +11,7 @@ from fake_samplers import Stream
 from torch import nn
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.optim import LazyAdam, clip_grad_norm_
+from lightning_sampled.optim import LazyAdam, clip_grad_norm_, lazy_adam
 from lightning_sampled.samplers import UniformSampler
 
 N, D, M = 12, 4, 5
@@ -63,7 +63,12 @@ def stream_for(num_steps: int) -> torch.Tensor:
     return torch.randint(TOUCHED, (num_steps * M,), generator=g)
 
 
-def test_equals_sparse_adam_plus_adam_and_leaves_untouched_rows_and_moments_alone():
+@pytest.mark.parametrize("rows_per_block", [None, 1, 3])
+def test_equals_sparse_adam_plus_adam_and_leaves_untouched_rows_and_moments_alone(
+    rows_per_block, monkeypatch
+):
+    if rows_per_block is not None:  # the touched rows are updated over several blocks
+        monkeypatch.setattr(lazy_adam, "_BLOCK_BYTES", rows_per_block * D * 4)
     steps = 7
     stream, data = stream_for(steps), batches(steps)
     ours, ref = Tied(0, stream), Tied(0, stream)
