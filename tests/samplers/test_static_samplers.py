@@ -7,6 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from lightning_sampled.samplers import LogUniformSampler, UniformSampler, UnigramSampler
+from lightning_sampled.samplers.static import guide_table, invert_cdf
 
 N = 37
 
@@ -123,3 +124,33 @@ def test_sample_and_log_prob_reject_bad_input():
         sampler.sample(torch.zeros(3), 4)
     with pytest.raises(IndexError, match="ids.*got 10"):
         sampler.log_prob(torch.zeros(2, 3), torch.tensor([1, 10]))
+
+
+def hard_cdfs() -> dict[str, torch.Tensor]:
+    """Cumulative tables where a guided inversion can go wrong: class boundaries exactly on
+    bucket starts (uniform), zero-probability classes, and a bucket holding hundreds of tiny
+    classes (longer than the forward walk)."""
+    uniform = torch.full((1000,), 1e-3, dtype=torch.float64)
+    gaps = torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    gaps[::3] = 0.0
+    crowded = torch.cat([torch.tensor([1.0 - 999e-12]), torch.full((999,), 1e-12)]).double()
+    out = {}
+    for name, probs in {"uniform": uniform, "zeros": gaps, "crowded": crowded}.items():
+        cdf = torch.cumsum(probs, 0)
+        out[name] = cdf / cdf[-1]
+    return out
+
+
+@pytest.mark.parametrize("name", ["uniform", "zeros", "crowded"])
+def test_guided_inversion_equals_binary_search_at_every_boundary(name):
+    cdf = hard_cdfs()[name]
+    n = cdf.numel()
+    starts = torch.arange(n, dtype=torch.float64) / n
+    points = torch.cat([cdf[:-1], starts, torch.rand(20_000, dtype=torch.float64)])
+    below = torch.nextafter(points, torch.zeros(()).double())
+    above = torch.nextafter(points, torch.ones(()).double())
+    u = torch.cat([points, below, above, torch.tensor([0.0])]).clamp(0.0, 1.0 - 2**-53)
+    guided = invert_cdf(cdf, guide_table(cdf), u)
+    assert torch.equal(guided, torch.searchsorted(cdf, u, right=True))
+    probs = torch.diff(cdf, prepend=torch.zeros(1, dtype=torch.float64))
+    assert bool((probs[guided] > 0).all())
