@@ -76,6 +76,16 @@ def train(
     return path, args
 
 
+def load_model_state(checkpoint: Path) -> dict[str, Tensor]:
+    """The model's ``state_dict`` from a Lightning checkpoint, read with ``weights_only=True``:
+    tensors and plain containers only, so that loading a checkpoint cannot run code.
+
+    Raises:
+        pickle.UnpicklingError: the checkpoint holds other objects.
+    """
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+
+
 @torch.no_grad()
 def load_queries(
     dim: int, seed: int, checkpoint: Path, calibration: int, test: int
@@ -88,8 +98,7 @@ def load_queries(
 
     cli = recipe_main(args=[*recipe_args(dim, seed), "--trainer.logger=false"], run=False)
     model, data = cli.model, cli.datamodule
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
-    model.load_state_dict(state)
+    model.load_state_dict(load_model_state(checkpoint))
     model.eval()
     generator = torch.Generator().manual_seed(seed)
 

@@ -7,16 +7,31 @@ and the offending value, so that bad input never turns into a silently wrong num
 from __future__ import annotations
 
 import math
+from numbers import Integral
 
 import torch
 from torch import Tensor
 
 
+def is_integer(value: object) -> bool:
+    """Whether ``value`` is an integer (``int`` or a NumPy integer), not a ``bool``: a float such as
+    ``-1.0``, a string or a tensor is not, so that nothing is silently truncated or parsed."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: int) -> int:
+    """``int(value)`` if :func:`is_integer`, else ``ValueError`` naming ``name`` and the value."""
+    if not is_integer(value):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    return int(value)
+
+
 def check_positive_int(name: str, value: int) -> int:
-    """Returns ``value`` if it is an ``int`` >= 1, else raises ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``int(value)`` if it is an integer >= 1 (:func:`is_integer`), else ``ValueError`` naming
+    ``name`` and the value."""
+    if not is_integer(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return int(value)
 
 
 def check_finite_number(
@@ -37,16 +52,16 @@ def check_finite_number(
 
 
 def check_padding_idx(padding_idx: int | None, num_classes: int) -> int | None:
-    """Returns ``padding_idx`` if it is ``None`` or a class id in ``[0, num_classes)``."""
+    """``None``, or ``int(padding_idx)`` if it is a class id in ``[0, num_classes)``."""
     if padding_idx is None:
         return None
-    if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+    if not is_integer(padding_idx):
         raise ValueError(f"padding_idx must be an int or None, got {padding_idx!r}")
     if not 0 <= padding_idx < num_classes:
         raise ValueError(f"padding_idx must be in [0, {num_classes}), got {padding_idx}")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2 when padding_idx is set, got {num_classes}")
-    return padding_idx
+    return int(padding_idx)
 
 
 def check_finite(name: str, x: Tensor) -> None:

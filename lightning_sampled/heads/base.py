@@ -8,7 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validation import check_class_ids, check_finite, check_padding_idx, check_positive_int
+from .._validation import (
+    check_class_ids,
+    check_finite,
+    check_int,
+    check_padding_idx,
+    check_positive_int,
+)
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
 from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
 from .chunked import (
@@ -17,6 +23,7 @@ from .chunked import (
     chunked_topk,
     class_chunks,
     compute_dtype,
+    in_compute_dtype,
     resolve_chunk_size,
 )
 
@@ -28,6 +35,12 @@ class OutputHead(nn.Module):
     Subclasses define ``forward(z, target)``, the scalar training objective (sampled for sampled
     heads). The exact methods below never hold more than ``[T, chunk_size]`` logits unless the
     caller asks for :meth:`logits`.
+
+    Precision: ``z`` may come in any float dtype, under autocast or not, whatever the dtype of the
+    class table. Every product of queries and class vectors runs in :func:`compute_dtype` of
+    ``z``: the autocast dtype under autocast; otherwise fp32 for fp16 / bf16 ``z`` (both operands
+    are cast up) and ``z``'s own dtype for fp32 / fp64. Logits, log-sum-exps and losses are fp32,
+    and gradients reach ``z`` and the table in their own dtypes.
 
     Args:
         num_classes: ``N``.
@@ -56,7 +69,7 @@ class OutputHead(nn.Module):
         self.num_classes = check_positive_int("num_classes", num_classes)
         self.dim = check_positive_int("dim", dim)
         self.padding_idx = check_padding_idx(padding_idx, num_classes)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_int("ignore_index", ignore_index)
         if 0 <= self.ignore_index < num_classes:
             raise ValueError(
                 f"ignore_index must not be a valid class id in [0, {num_classes}), "
@@ -101,6 +114,8 @@ class OutputHead(nn.Module):
     # -- input handling -------------------------------------------------------------------------
 
     def _check_z(self, z: Tensor) -> None:
+        if not z.is_floating_point():
+            raise ValueError(f"z must be a floating-point tensor, got dtype {z.dtype}")
         if z.dim() < 1 or z.shape[-1] != self.dim:
             raise ValueError(
                 f"z must have shape [..., {self.dim}] to match the class table "
@@ -152,7 +167,7 @@ class OutputHead(nn.Module):
 
     def candidate_logits(self, z: Tensor, ids: Tensor) -> Tensor:
         """fp32 logits ``z . w_c + b_c`` of candidate classes, gathered through
-        :meth:`class_rows`.
+        :meth:`class_rows`; the products run in :func:`compute_dtype` of ``z`` (class docstring).
 
         Args:
             z: ``[T, D]`` queries.
@@ -162,6 +177,7 @@ class OutputHead(nn.Module):
             ``[T, M]`` fp32 logits.
         """
         rows, bias = self.class_rows(ids)
+        z, rows = in_compute_dtype(z, rows)
         if ids.dim() == 1:
             logits = (z @ rows.T).float()
         else:
@@ -171,7 +187,8 @@ class OutputHead(nn.Module):
     def target_and_candidate_logits(
         self, z: Tensor, target: Tensor, ids: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """fp32 logits of each query's target and of candidate classes, from one gather.
+        """fp32 logits of each query's target and of candidate classes, from one gather; the
+        products run in :func:`compute_dtype` of ``z`` (class docstring).
 
         One :meth:`class_rows` call for both means one ``[N, D]`` gradient buffer in backward
         instead of two, which at large ``N`` is most of a sampled step's cost.
@@ -187,6 +204,7 @@ class OutputHead(nn.Module):
         num_rows = target.shape[0]
         if ids.dim() == 1:
             rows, bias = self.class_rows(torch.cat([target, ids]))
+            z, rows = in_compute_dtype(z, rows)
             pos = (z * rows[:num_rows]).sum(-1).float()
             neg = (z @ rows[num_rows:].T).float()
             if bias is not None:
@@ -255,13 +273,14 @@ class OutputHead(nn.Module):
         self._check_k(k)
         flat = z.reshape(-1, self.dim)
         if exclude is not None:
-            if tuple(exclude.shape[:-1]) != tuple(z.shape[:-1]):
+            if exclude.dim() < 1 or tuple(exclude.shape[:-1]) != tuple(z.shape[:-1]):
                 raise ValueError(
                     f"exclude must have shape {tuple(z.shape[:-1])} + (E,), "
                     f"got {tuple(exclude.shape)}"
                 )
-            exclude = exclude.reshape(flat.shape[0], -1).long()
+            exclude = exclude.reshape(flat.shape[0], exclude.shape[-1])
             check_class_ids("exclude", exclude[exclude >= 0], self.num_classes)
+            exclude = exclude.long()
         values, indices = chunked_topk(
             flat,
             self.weight,

@@ -34,11 +34,21 @@ def resolve_chunk_size(chunk_size: int | None, num_rows: int, num_classes: int) 
 
 
 def compute_dtype(z: Tensor) -> torch.dtype:
-    """The matmul dtype: the autocast dtype when autocast is on for ``z``'s device, else fp32."""
+    """The matmul dtype: the autocast dtype when autocast is on for ``z``'s device; otherwise
+    fp32 for fp16 / bf16 ``z`` (half-precision products outside autocast lose accuracy, and fp16
+    overflows) and ``z``'s own dtype for fp32 / fp64."""
     device_type = z.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
+
+
+def in_compute_dtype(z: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Queries ``z`` ``[..., D]`` and class vectors ``rows`` ``[..., D]`` cast to
+    :func:`compute_dtype` of ``z``, so that their products neither mix dtypes nor run in half
+    precision outside autocast."""
+    dtype = compute_dtype(z)
+    return z.to(dtype), rows.to(dtype)
 
 
 def chunk_logits(

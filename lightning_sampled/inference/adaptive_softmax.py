@@ -48,6 +48,29 @@ class AdaptiveResult(NamedTuple):
     samples_used: Tensor
 
 
+class StageBudgets(NamedTuple):
+    """How ``(eps, delta)`` is split between the stages of Algorithm 4 (Appendix C).
+
+    Attributes:
+        bandit_delta: failure probability of best-arm identification (line 8), ``delta / 2``.
+        norm_eps: multiplicative accuracy of NormalizationEstimation (line 10), ``eps / 2``:
+            the top arms' logits are exact (C.2), so ``Z`` to ``1 +- eps / 2`` puts each
+            probability within ``1 +- eps``.
+        norm_delta: its failure probability ``delta_Z``, ``delta / 2``; it also sets the warm-up
+            target (Algorithm 2's ``T_0`` phase).
+    """
+
+    bandit_delta: float
+    norm_eps: float
+    norm_delta: float
+
+
+def stage_budgets(eps: float, delta: float) -> StageBudgets:
+    """The per-stage budgets of :class:`StageBudgets`; failures of the two stages add up to at
+    most ``delta`` by a union bound."""
+    return StageBudgets(bandit_delta=delta / 2, norm_eps=eps / 2, norm_delta=delta / 2)
+
+
 def _check_open_unit(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
@@ -287,14 +310,17 @@ class AdaptiveSoftmax(nn.Module):
             candidates[:, self.padding_idx] = False
         num_arms = int(candidates[0].sum())
         beta = 1.0 / self.temperature
-        warm_up = 1.0 / (17.0 * beta**2 * math.log(6.0 * num_arms / (self.delta / 2)))
+        budgets = stage_budgets(self.eps, self.delta)
+        warm_up = 1.0 / (17.0 * beta**2 * math.log(6.0 * num_arms / budgets.norm_delta))
         arms.pull_to_variance(warm_up, candidates, norm_scale)
-        top = self._best_arms(arms, candidates, k, beta, bandit_scale)
+        top = self._best_arms(arms, candidates, k, beta, budgets.bandit_delta, bandit_scale)
         arms.make_exact(torch.zeros_like(candidates).scatter_(1, top, True))
         logits = self._logits(arms).gather(1, top)
         logits, order = logits.sort(dim=1, descending=True)
         top = top.gather(1, order)
-        log_z = self._log_partition(arms, candidates, beta, norm_scale)
+        log_z = self._log_partition(
+            arms, candidates, beta, budgets.norm_eps, budgets.norm_delta, norm_scale
+        )
         probs = torch.exp(beta * logits - log_z.unsqueeze(1))
         return AdaptiveResult(top, probs, log_z, arms.samples_used())
 
@@ -309,15 +335,16 @@ class AdaptiveSoftmax(nn.Module):
         candidates: Tensor,
         k: int,
         beta: float,
+        delta_b: float,
         bandit_scale: float,
     ) -> Tensor:
-        """Successive elimination (Algorithm 3 with empirical variances) for the top ``k``.
+        """Successive elimination (Algorithm 3 with empirical variances) for the top ``k``, with
+        failure probability ``delta_b``.
 
         Returns:
             long ``[B, k]`` the identified arms.
         """
         num_arms = int(candidates[0].sum())
-        delta_b = self.delta / 2
         survivors = candidates.clone()
         done = torch.zeros(survivors.shape[0], dtype=torch.bool, device=survivors.device)
         rounds = 0
@@ -339,15 +366,21 @@ class AdaptiveSoftmax(nn.Module):
         return self._logits(arms).masked_fill(~survivors, -math.inf).topk(k, dim=1).indices
 
     def _log_partition(
-        self, arms: ArmEstimates, candidates: Tensor, beta: float, norm_scale: float
+        self,
+        arms: ArmEstimates,
+        candidates: Tensor,
+        beta: float,
+        eps_z: float,
+        delta_z: float,
+        norm_scale: float,
     ) -> Tensor:
-        """NormalizationEstimation (Algorithm 2) to ``eps / 2``, ``delta / 2``; ``[B]`` ``log Z``.
+        """NormalizationEstimation (Algorithm 2) to accuracy ``eps_z`` with failure probability
+        ``delta_z``; ``[B]`` ``log Z``.
 
         Each arm's target variance is ``1 / (beta^2 max(...))`` with the three terms of Algorithm
         2, line 7 (``n_i`` pulls of variance proxy ``sigma^2`` give variance ``sigma^2 / n_i``),
         with ``alpha_i``, ``gamma_i`` from the lower confidence bounds of the warm-up estimates.
         """
-        eps_z, delta_z = self.eps / 2, self.delta / 2
         num_arms = int(candidates[0].sum())
         log_term = math.log(6.0 * num_arms / delta_z)
         radius = torch.sqrt(2.0 * norm_scale * arms.variance() * log_term)

@@ -227,6 +227,48 @@ def test_normalization_estimation_meets_a_tight_eps_that_the_warm_up_alone_misse
     assert rates()[1] < 1 - delta
 
 
+def test_stages_pull_to_the_paper_targets_with_half_of_eps_and_delta_each(monkeypatch):
+    """Algorithm 4 (Appendix C) gives best-arm identification ``delta / 2`` and
+    NormalizationEstimation ``eps / 2``, ``delta / 2``. Every variance target the stages pull to
+    equals its closed form with that split: the warm-up ``1 / (17 beta^2 log(6 n / delta_Z))``,
+    round ``r`` of the bandit ``w_r^2 / (2 log(4 n r^2 / delta_B))`` with ``w_r = 2^-(r+1) / beta``,
+    and Algorithm 2's per-arm ``1 / (beta^2 max(17 L, 16 sqrt(2) L s_i / eps_Z,
+    16 log(12 / delta_Z) f_i / eps_Z^2))`` from the lower confidence bounds of the estimates."""
+    n, eps, delta, temperature = 100, 0.1, 0.1, 0.1
+    beta, eps_z, delta_z, delta_b = 1 / temperature, eps / 2, delta / 2, delta / 2
+    weight, x = planted_instance(n, 4000, 6, seed=7)
+    calls: list[tuple[object, torch.Tensor, torch.Tensor]] = []
+    original = ArmEstimates.pull_to_variance
+
+    def recording(self, target, mask, scale=1.0):
+        calls.append((target, self.mean().double(), self.variance().double()))
+        original(self, target, mask, scale)
+
+    monkeypatch.setattr(ArmEstimates, "pull_to_variance", recording)
+    AdaptiveSoftmax(weight, temperature, eps, delta, seed=0).topk(x, k=2)
+    (warm_up, *rounds), (norm_target, mean, variance) = [c[0] for c in calls[:-1]], calls[-1]
+    assert warm_up == pytest.approx(1 / (17 * beta**2 * math.log(6 * n / delta_z)), rel=1e-12)
+    assert rounds, "the instance must take an elimination round"
+    for r, target in enumerate(rounds, start=1):
+        width = 2.0 ** -(r + 1) / beta
+        assert target == pytest.approx(width**2 / (2 * math.log(4 * n * r**2 / delta_b)))
+    log_term = math.log(6 * n / delta_z)
+    half_log_alpha = 0.5 * beta * (mean - torch.sqrt(2 * variance * log_term))
+    log_norm = torch.logsumexp(2 * half_log_alpha, dim=1, keepdim=True)
+    first = torch.exp(2 * half_log_alpha - log_norm)
+    second = torch.exp(half_log_alpha + torch.logsumexp(half_log_alpha, 1, keepdim=True) - log_norm)
+    terms = torch.stack(
+        [
+            torch.full_like(first, 17 * log_term),
+            16 * math.sqrt(2) * log_term * second / eps_z,
+            16 * math.log(12 / delta_z) * first / eps_z**2,
+        ]
+    )
+    assert bool((terms.argmax(0) == 2).any()), "the eps_Z^2 term must bind for some arm"
+    expected = 1 / (beta**2 * terms.amax(0))
+    torch.testing.assert_close(norm_target.double(), expected, rtol=1e-4, atol=0)
+
+
 def test_zero_coordinates_and_zero_query_are_exact():
     weight, x = planted_instance(20, 500, 2, seed=2)
     x[0, 100:] = 0.0

@@ -141,6 +141,24 @@ def test_sequence_queries_with_ignored_positions() -> None:
     assert_close(out, expected)
 
 
+def test_empty_batches_with_exclusions_count_for_nothing() -> None:
+    head, z, target, exclude = make_problem(9)
+    empty = (torch.empty(0, D), torch.empty(0, dtype=torch.long), torch.empty(0, E).long())
+    empty_sequences = (torch.empty(3, 0, D), torch.empty(3, 0).long(), torch.empty(3, 0, E).long())
+    batches = [
+        empty,
+        (z[:20], target[:20], exclude[:20]),
+        empty_sequences,
+        (z[20:], target[20:], exclude[20:]),
+    ]
+    out = evaluate_ranking(head, batches, lambda b: b, ks=(1, 5))
+    relevant = [{int(t)} for t in target]
+    assert_close(out, brute_force(masked_logits(head, z, exclude), relevant, (1, 5)))
+    # no query at all: every metric is 0, as the metrics give when no query counts
+    nothing = evaluate_ranking(head, [empty, empty_sequences], lambda b: b, ks=(1, 5))
+    assert nothing == dict.fromkeys(out, 0.0)
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 
