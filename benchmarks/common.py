@@ -8,6 +8,7 @@ commit), ``results/<name>.md`` (a Markdown table) and, where a picture helps,
 from __future__ import annotations
 
 import csv
+import ctypes
 import os
 import platform
 import resource
@@ -79,12 +80,24 @@ def _proc_status_bytes(field: str) -> int | None:
     return None
 
 
+def _trim_heap() -> None:
+    """Hands memory that glibc's allocator keeps after ``free`` back to the kernel
+    (``malloc_trim``), so that the resident set is live memory: otherwise a function that reuses
+    memory an earlier call freed shows no growth at all. A no-op without glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def reset_peak_rss() -> int:
-    """Resets the kernel's peak-RSS counter (Linux ``clear_refs``); returns the current RSS.
+    """Resets the kernel's peak-RSS counter (Linux ``clear_refs``) after trimming the heap;
+    returns the current RSS.
 
     Where that is unavailable the peak is not reset, and the returned baseline is the peak so far,
     so a later :func:`peak_rss_bytes` difference can only under-count.
     """
+    _trim_heap()
     try:
         Path("/proc/self/clear_refs").write_text("5")
         current = _proc_status_bytes("VmRSS")

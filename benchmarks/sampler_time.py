@@ -13,9 +13,17 @@
   ``SampledSoftmaxHead(N, 64, sampler, 100)`` on B = 256 queries with the uniform sampler and with
   MIDX, timed side by side (round-robin, one step of each per round, median over rounds) so that
   load from other processes hits both alike.
+- Sequence shape (a SASRec batch on MovieLens-1M): forward + backward of
+  ``SampledSoftmaxHead(3707, 64, sampler, 100)`` on 12,800 query positions, uniform vs MIDX-pq and
+  MIDX-rq (fast) at K in ``--seq-codebook-sizes``, round-robin; and one MIDX-rq draw of 20
+  negatives for 12,800 queries at N = 50,000 for the same K. Each with its peak memory beyond
+  what was allocated before (peak RSS, reset first).
 
 Targets (issue 3): MIDX draw time at N = 1e7 within 1.5x of its time at N = 1e4; a MIDX training
-step at N = 1e6 within 2x of the uniform one.
+step at N = 1e6 within 2x of the uniform one. Targets (issue 14): the MIDX-rq head at the sequence
+shape within 1.2x of the uniform head at K = 32; the 12,800 x 20 draw at K = 128 within 0.6 s and
+0.7 GB; refresh at 1e7 within 20 s and at 1e6 within 3 s; a unigram draw at 1e7 within 2x of its
+draw at 1e4.
 
 Run: ``python -m benchmarks.sampler_time [--sizes 1e4 1e5] [--repeats 7] [--threads 1]``; results in
 ``benchmarks/results/sampler_time.{csv,md,png}``. Needs about 6 GB of memory at N = 1e7 (the class
@@ -34,7 +42,13 @@ from collections.abc import Callable
 import faiss
 import torch
 
-from benchmarks.common import RESULTS_DIR, median_time, peak_rss_bytes, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    median_time,
+    peak_extra_bytes,
+    peak_rss_bytes,
+    write_results,
+)
 from lightning_sampled.heads import SampledSoftmaxHead
 from lightning_sampled.samplers import (
     LogUniformSampler,
@@ -77,7 +91,9 @@ def build_samplers(args: argparse.Namespace, num_classes: int, rows: list[dict])
         if isinstance(sampler, MIDXSampler):
             runs = 1 if num_classes >= 1_000_000 else min(args.repeats, 3)
             seconds, _ = median_time(lambda s=sampler: s.refresh(table), repeats=runs, warmup=0)
-            rows.append(_row("refresh", name, num_classes, seconds, runs))
+            rows.append(
+                _row("refresh", name, num_classes, seconds, runs, codebook_size=args.codebook_size)
+            )
             log(f"N={num_classes:.0e} {name}: refresh {seconds:.2f} s")
         samplers[name, num_classes] = sampler
     log(f"N={num_classes:.0e}: samplers ready; peak RSS {peak_rss_bytes() / 2**30:.2f} GiB")
@@ -97,7 +113,8 @@ def time_draws(args: argparse.Namespace, samplers: dict, rows: list[dict]) -> No
                 times[key].append(time.perf_counter() - start)
     for (name, num_classes), samples in times.items():
         seconds = statistics.median(samples)
-        rows.append(_row("draw", name, num_classes, seconds, args.repeats))
+        k = args.codebook_size if name.startswith("midx") else ""
+        rows.append(_row("draw", name, num_classes, seconds, args.repeats, codebook_size=k))
         log(f"N={num_classes:.0e} {name}: draw {1e3 * seconds:.2f} ms")
 
 
@@ -135,38 +152,140 @@ def time_train_steps(args: argparse.Namespace, rows: list[dict]) -> None:
         log(f"train step N={n:.0e} {name}: {1e3 * seconds:.1f} ms")
 
 
-def _row(measurement: str, sampler: str, num_classes: int, seconds: float, runs: int) -> dict:
+def _row(
+    measurement: str,
+    sampler: str,
+    num_classes: int,
+    seconds: float,
+    runs: int,
+    *,
+    codebook_size: int | str = "",
+    peak_bytes: float | None = None,
+) -> dict:
     return {
         "measurement": measurement,
         "sampler": sampler,
+        "codebook_size": codebook_size,
         "num_classes": num_classes,
         "median_ms": 1e3 * seconds,
+        "peak_mib": "" if peak_bytes is None else peak_bytes / 2**20,
         "runs": runs,
     }
+
+
+SEQ_CLASSES, SEQ_QUERIES, SEQ_NEGATIVES = 3_707, 12_800, 100
+DRAW_CLASSES, DRAW_NEGATIVES = 50_000, 20
+
+
+def _fitted_midx(num_classes: int, codebook_size: int, quantizer: str, table) -> MIDXSampler:
+    sampler = MIDXSampler(num_classes, codebook_size, quantizer, "fast")
+    sampler.refresh(table)
+    return sampler
+
+
+def time_sequence_heads(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Appends ``seq_head`` rows: forward + backward of the sampled head at a sequence model's
+    shape, uniform vs MIDX-pq / -rq per codebook size, round-robin, with peak memory."""
+    n = SEQ_CLASSES
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(n, args.dim, generator=gen) * args.dim**-0.5
+    z = torch.randn(SEQ_QUERIES, args.dim, generator=gen)
+    y = torch.randint(n, (SEQ_QUERIES,), generator=gen)
+    samplers: dict[tuple[str, int | str], Sampler] = {("uniform", ""): UniformSampler(n)}
+    for k in args.seq_codebook_sizes:
+        for quantizer in ("pq", "rq"):
+            samplers[f"midx_{quantizer}", k] = _fitted_midx(n, k, quantizer, table)
+    steps: dict[tuple[str, int | str], Callable[[], None]] = {}
+    for key, sampler in samplers.items():
+        head = SampledSoftmaxHead(n, args.dim, sampler, SEQ_NEGATIVES)
+        with torch.no_grad():
+            head.weight.copy_(table)
+
+        def step(head=head) -> None:
+            head.zero_grad(set_to_none=True)
+            head(z.clone().requires_grad_(), y).backward()
+
+        steps[key] = step
+    _round_robin(args, steps, rows, "seq_head", n)
+    log("sequence-shape heads done")
+
+
+def time_sequence_draws(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Appends ``seq_draw`` rows: one MIDX-rq draw of 20 negatives for 12,800 queries at
+    N = 50,000 per codebook size, round-robin, with peak memory."""
+    n = DRAW_CLASSES
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(n, args.dim, generator=gen) * args.dim**-0.5
+    z = torch.randn(SEQ_QUERIES, args.dim, generator=gen)
+    samplers = {k: _fitted_midx(n, k, "rq", table) for k in args.seq_codebook_sizes}
+    steps = {
+        ("midx_rq", k): lambda s=sampler: s.sample(z, DRAW_NEGATIVES)
+        for k, sampler in samplers.items()
+    }
+    _round_robin(args, steps, rows, "seq_draw", n)
+
+
+def _round_robin(
+    args: argparse.Namespace,
+    steps: dict[tuple[str, int | str], Callable[[], object]],
+    rows: list[dict],
+    measurement: str,
+    num_classes: int,
+) -> None:
+    """Times ``steps`` one after another per round (a warm-up round first), then measures each
+    one's peak memory alone, and appends one row per step."""
+    times: dict = {key: [] for key in steps}
+    for round_index in range(args.repeats + 1):
+        for key, fn in steps.items():
+            start = time.perf_counter()
+            fn()
+            if round_index:
+                times[key].append(time.perf_counter() - start)
+    for (name, k), fn in steps.items():
+        seconds = statistics.median(times[name, k])
+        peak = peak_extra_bytes(fn, "cpu")
+        rows.append(
+            _row(
+                measurement,
+                name,
+                num_classes,
+                seconds,
+                args.repeats,
+                codebook_size=k,
+                peak_bytes=peak,
+            )
+        )
+        log(f"{measurement} {name} K={k}: {1e3 * seconds:.0f} ms, peak +{peak / 2**20:.0f} MiB")
 
 
 def summary(rows: list[dict]) -> str:
     """Markdown notes: the two targets and how the measurements were taken."""
 
-    def ms(measurement: str, sampler: str, n: int) -> float | None:
+    def find(measurement: str, sampler: str, n: int, k: int | str | None = None) -> dict | None:
         for row in rows:
             if (row["measurement"], row["sampler"], row["num_classes"]) == (
                 measurement,
                 sampler,
                 n,
-            ):
-                return row["median_ms"]
+            ) and (k is None or row["codebook_size"] == k):
+                return row
         return None
+
+    def ms(measurement: str, sampler: str, n: int, k: int | str | None = None) -> float | None:
+        row = find(measurement, sampler, n, k)
+        return None if row is None else row["median_ms"]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
 
     sizes = sorted({row["num_classes"] for row in rows if row["measurement"] == "draw"})
     lines = ["Targets:", ""]
     for name in ("midx_pq", "midx_rq"):
         small, large = ms("draw", name, sizes[0]), ms("draw", name, sizes[-1])
         ratio = large / small
-        verdict = "met" if ratio <= 1.5 else "NOT met"
         lines.append(
             f"- {name} draw time at N = {sizes[-1]:.0e} / at N = {sizes[0]:.0e}: "
-            f"{large:.2f} / {small:.2f} ms = {ratio:.2f}x (target <= 1.5x: {verdict})"
+            f"{large:.2f} / {small:.2f} ms = {ratio:.2f}x (target <= 1.5x: {verdict(ratio <= 1.5)})"
         )
     step_rows = [row for row in rows if row["measurement"] == "train_step"]
     if step_rows:
@@ -174,11 +293,11 @@ def summary(rows: list[dict]) -> str:
         uniform = ms("train_step", "uniform", n)
         for name in ("midx_pq", "midx_rq"):
             ratio = ms("train_step", name, n) / uniform
-            verdict = "met" if ratio <= 2.0 else "NOT met"
             lines.append(
                 f"- training step of SampledSoftmaxHead at N = {n:.0e}, {name} / uniform: "
-                f"{ratio:.2f}x (target <= 2x: {verdict})"
+                f"{ratio:.2f}x (target <= 2x: {verdict(ratio <= 2.0)})"
             )
+    lines += _issue14_targets(rows, sizes, ms, find, verdict)
     lines += [
         "",
         "B = 256 queries, M = 100 negatives per query (per-query draws, with log_q), K = 64, "
@@ -186,19 +305,60 @@ def summary(rows: list[dict]) -> str:
         "round-robin; refresh (faiss k-means on all "
         "classes, 25 iterations per codebook) is not part of the draw time, as in the paper's "
         "Figure 6. Train step: forward + backward + SGD step, the samplers timed round-robin. "
+        f"seq_head: forward + backward of SampledSoftmaxHead(N = {SEQ_CLASSES:,}, D = 64, "
+        f"M = {SEQ_NEGATIVES}) on {SEQ_QUERIES:,} queries; seq_draw: one MIDX-rq draw of "
+        f"{DRAW_NEGATIVES} negatives for {SEQ_QUERIES:,} queries at N = {DRAW_CLASSES:,}; both "
+        "timed round-robin over codebook sizes, peak_mib is the peak RSS beyond what was "
+        "allocated before one more call (reset first). "
         "Reproduce: `python -m benchmarks.sampler_time`.",
     ]
     return "\n".join(lines)
 
 
+def _issue14_targets(rows, sizes, ms, find, verdict) -> list[str]:
+    """The issue-14 target lines for the measurements present in ``rows``."""
+    lines = []
+    if {1e4, 1e7} <= set(sizes):
+        small, large = ms("draw", "unigram", 10_000), ms("draw", "unigram", 10_000_000)
+        lines.append(
+            f"- unigram draw at N = 1e7 / at N = 1e4: {large:.2f} / {small:.2f} ms = "
+            f"{large / small:.2f}x (target <= 2x: {verdict(large <= 2 * small)})"
+        )
+    for n, limit_s in ((1_000_000, 3.0), (10_000_000, 20.0)):
+        for name in ("midx_pq", "midx_rq"):
+            refresh = ms("refresh", name, n)
+            if refresh is not None:
+                lines.append(
+                    f"- {name} refresh at N = {n:.0e}: {refresh / 1e3:.1f} s (target <= "
+                    f"{limit_s:g} s: {verdict(refresh <= 1e3 * limit_s)})"
+                )
+    uniform = ms("seq_head", "uniform", SEQ_CLASSES)
+    rq32 = ms("seq_head", "midx_rq", SEQ_CLASSES, 32)
+    if uniform is not None and rq32 is not None:
+        lines.append(
+            f"- sequence-shape head, midx_rq K = 32 / uniform: {rq32:.0f} / {uniform:.0f} ms = "
+            f"{rq32 / uniform:.2f}x (target <= 1.2x: {verdict(rq32 <= 1.2 * uniform)})"
+        )
+    draw = find("seq_draw", "midx_rq", DRAW_CLASSES, 128)
+    if draw is not None:
+        ok = draw["median_ms"] <= 600 and draw["peak_mib"] <= 0.7 * 1024
+        lines.append(
+            f"- MIDX-rq draw of {SEQ_QUERIES:,} x {DRAW_NEGATIVES} at K = 128: "
+            f"{draw['median_ms']:.0f} ms, peak +{draw['peak_mib']:.0f} MiB (target <= 600 ms "
+            f"and 0.7 GB: {verdict(ok)})"
+        )
+    return lines
+
+
 def plot(rows: list[dict]) -> None:
-    """Figure 6: draw time vs number of classes per sampler, and MIDX refresh time."""
+    """Figure 6: draw time vs number of classes per sampler, MIDX refresh time, and the head at
+    the sequence shape vs codebook size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (draw_ax, refresh_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (draw_ax, refresh_ax, seq_ax) = plt.subplots(1, 3, figsize=(15, 4))
     for measurement, ax in (("draw", draw_ax), ("refresh", refresh_ax)):
         for name in SAMPLERS:
             points = sorted(
@@ -217,6 +377,26 @@ def plot(rows: list[dict]) -> None:
     draw_ax.set_title("Sampling time vs #classes (Figure 6)")
     refresh_ax.set_ylabel("ms per MIDX refresh (k-means + cells)")
     refresh_ax.set_title("MIDX index refresh")
+    seq_rows = [row for row in rows if row["measurement"] == "seq_head"]
+    for name in ("midx_pq", "midx_rq"):
+        points = sorted(
+            (r["codebook_size"], r["median_ms"]) for r in seq_rows if r["sampler"] == name
+        )
+        if points:
+            color = f"C{SAMPLERS.index(name)}"
+            seq_ax.plot(*zip(*points, strict=True), marker="o", label=name, color=color)
+    for row in seq_rows:
+        if row["sampler"] == "uniform":
+            seq_ax.axhline(row["median_ms"], color="C0", linestyle="--", label="uniform")
+            seq_ax.axhline(
+                1.2 * row["median_ms"], color="grey", linestyle=":", label="1.2x uniform"
+            )
+    if seq_rows:
+        seq_ax.set_xscale("log", base=2)
+        seq_ax.set_xlabel("codebook size K")
+        seq_ax.set_ylabel("ms per forward + backward")
+        seq_ax.set_title(f"Head at {SEQ_QUERIES:,} queries x {SEQ_NEGATIVES}, N = {SEQ_CLASSES:,}")
+        seq_ax.legend()
     fig.tight_layout()
     fig.savefig(RESULTS_DIR / "sampler_time.png", dpi=110)
     plt.close(fig)
@@ -241,6 +421,13 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch and faiss threads (default: torch's)"
     )
+    parser.add_argument(
+        "--seq-codebook-sizes",
+        type=int,
+        nargs="*",
+        default=[32, 64, 128, 256],
+        help="K of the sequence-shape head and draw measurements (none: skip them)",
+    )
     args = parser.parse_args()
     args.step_classes = int(args.step_classes)
     if args.threads:
@@ -254,6 +441,9 @@ def main() -> None:
     del samplers
     if args.step_classes:
         time_train_steps(args, rows)
+    if args.seq_codebook_sizes:
+        time_sequence_heads(args, rows)
+        time_sequence_draws(args, rows)
     notes = summary(rows)
     path = write_results(
         "sampler_time", rows, title="Sampler draw, refresh and step time", notes=notes
