@@ -15,9 +15,10 @@
   load from other processes hits both alike.
 - Sequence shape (a SASRec batch on MovieLens-1M): forward + backward of
   ``SampledSoftmaxHead(3707, 64, sampler, 100)`` on 12,800 query positions, uniform vs MIDX-pq and
-  MIDX-rq (fast) at K in ``--seq-codebook-sizes``, round-robin; and one MIDX-rq draw of 20
-  negatives for 12,800 queries at N = 50,000 for the same K. Each with its peak memory beyond
-  what was allocated before (peak RSS, reset first).
+  MIDX-rq (fast) at K in ``--seq-codebook-sizes``, beside One-vs-Each (100 uniform negatives per
+  query) and TAPAS (100 shared negatives of 200 uniform presamples, the recipe's), round-robin;
+  and one MIDX-rq draw of 20 negatives for 12,800 queries at N = 50,000 for the same K. Each
+  with its peak memory beyond what was allocated before (peak RSS, reset first).
 
 Targets (issue 3): MIDX draw time at N = 1e7 within 1.5x of its time at N = 1e4; a MIDX training
 step at N = 1e6 within 2x of the uniform one. Targets (issue 14): the MIDX-rq head at the sequence
@@ -49,7 +50,7 @@ from benchmarks.common import (
     peak_rss_bytes,
     write_results,
 )
-from lightning_sampled.heads import SampledSoftmaxHead
+from lightning_sampled.heads import OneVsEachHead, SampledSoftmaxHead, TapasHead
 from lightning_sampled.samplers import (
     LogUniformSampler,
     MIDXSampler,
@@ -191,13 +192,17 @@ def time_sequence_heads(args: argparse.Namespace, rows: list[dict]) -> None:
     table = torch.randn(n, args.dim, generator=gen) * args.dim**-0.5
     z = torch.randn(SEQ_QUERIES, args.dim, generator=gen)
     y = torch.randint(n, (SEQ_QUERIES,), generator=gen)
-    samplers: dict[tuple[str, int | str], Sampler] = {("uniform", ""): UniformSampler(n)}
+    heads: dict[tuple[str, int | str], SampledSoftmaxHead] = {
+        ("uniform", ""): SampledSoftmaxHead(n, args.dim, UniformSampler(n), SEQ_NEGATIVES),
+        ("ove_uniform", ""): OneVsEachHead(n, args.dim, UniformSampler(n), SEQ_NEGATIVES),
+        ("tapas_uniform_r2", ""): TapasHead(n, args.dim, SEQ_NEGATIVES, presample_factor=2),
+    }
     for k in args.seq_codebook_sizes:
         for quantizer in ("pq", "rq"):
-            samplers[f"midx_{quantizer}", k] = _fitted_midx(n, k, quantizer, table)
+            sampler = _fitted_midx(n, k, quantizer, table)
+            heads[f"midx_{quantizer}", k] = SampledSoftmaxHead(n, args.dim, sampler, SEQ_NEGATIVES)
     steps: dict[tuple[str, int | str], Callable[[], None]] = {}
-    for key, sampler in samplers.items():
-        head = SampledSoftmaxHead(n, args.dim, sampler, SEQ_NEGATIVES)
+    for key, head in heads.items():
         with torch.no_grad():
             head.weight.copy_(table)
 
@@ -333,6 +338,13 @@ def _issue14_targets(rows, sizes, ms, find, verdict) -> list[str]:
                     f"{limit_s:g} s: {verdict(refresh <= 1e3 * limit_s)})"
                 )
     uniform = ms("seq_head", "uniform", SEQ_CLASSES)
+    for name in ("ove_uniform", "tapas_uniform_r2"):
+        other = ms("seq_head", name, SEQ_CLASSES)
+        if uniform is not None and other is not None:
+            lines.append(
+                f"- sequence-shape head, {name} / uniform: {other:.0f} / {uniform:.0f} ms = "
+                f"{other / uniform:.2f}x (improve where > 1.3x: {verdict(other <= 1.3 * uniform)})"
+            )
     rq32 = ms("seq_head", "midx_rq", SEQ_CLASSES, 32)
     if uniform is not None and rq32 is not None:
         lines.append(
