@@ -2,7 +2,9 @@
 
 from .diagnostics import SamplerDiagnostics
 from .index_refresh import IndexRefresh
+from .rng import RNGCheckpoint
 from .temperature import TemperatureSchedule
 
 __all__ = ["TemperatureSchedule"]
 __all__ += ["IndexRefresh", "SamplerDiagnostics"]
+__all__ += ["RNGCheckpoint"]

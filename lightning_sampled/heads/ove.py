@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..samplers import Sampler
-from ..samplers.base import padding_to_rank, skip_padding
+from ..samplers.base import padding_to_rank, rank_generator, skip_padding
 from .base import OutputHead
 from .chunked import class_chunks
 from .sampled import SampledSoftmaxHead
@@ -128,10 +128,12 @@ class OneVsEachHead(SampledSoftmaxHead):
         m, num_rows = self.num_negatives, target.shape[0]
         if self.exclude_target:
             num_others = self.sampler.num_drawable - 1
+            device = target.device
+            generator = rank_generator(device) if self.sampler.rank_offset else None
             if self.replacement:
-                ranks = torch.randint(num_others, (num_rows, m), device=target.device)
+                ranks = torch.randint(num_others, (num_rows, m), device=device, generator=generator)
             else:
-                keys = torch.rand(num_rows, num_others, device=target.device)
+                keys = torch.rand(num_rows, num_others, device=device, generator=generator)
                 ranks = keys.topk(m, dim=1).indices
             # ranks index the drawable classes minus the target: step over the target's rank
             # among the drawable classes, then over the padding class.

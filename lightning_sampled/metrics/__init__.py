@@ -1,6 +1,6 @@
 """Exact full-ranking metrics and perplexity as torchmetrics Metrics with sum states."""
 
-from .evaluate import RANKING_METRICS, evaluate_ranking
+from .evaluate import RANKING_METRICS, evaluate_ranking, evaluation_sampler
 from .perplexity import Perplexity
 from .ranking import MAP, MRR, NDCG, Precision, RankingMetric, Recall, ranking_hits
 
@@ -14,5 +14,6 @@ __all__ = [
     "RankingMetric",
     "Recall",
     "evaluate_ranking",
+    "evaluation_sampler",
     "ranking_hits",
 ]

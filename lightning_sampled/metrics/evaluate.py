@@ -1,13 +1,17 @@
-"""``evaluate_ranking``: exact full-ranking evaluation of a head over a dataloader."""
+"""``evaluate_ranking``: exact full-ranking evaluation of a head over a dataloader;
+``evaluation_sampler``: each row evaluated exactly once under DDP."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
+from torch.utils.data import Sampler
 
 from ..heads.base import OutputHead
 from .ranking import (
@@ -85,7 +89,9 @@ def evaluate_ranking(
         progress: show a tqdm progress bar.
 
     Returns:
-        ``{"ndcg@10": 0.31, "recall@10": ..., ...}``: one float per metric and cut-off.
+        ``{"ndcg@10": 0.31, "recall@10": ..., ...}``: one float per metric and cut-off. Batches
+        without queries (``z`` of shape ``[0, D]`` or ``[B, 0, D]``) count for nothing; when no
+        query counts at all, every value is ``0``, as the metrics give.
 
     Raises:
         ValueError: bad ``ks``, ``metrics``, ``empty_target_action``, an ``encode`` result that is
@@ -152,3 +158,34 @@ def evaluate_ranking(
     if num_batches == 0:
         raise ValueError("dataloader yielded no batch: nothing to evaluate")
     return {key: float(metric.compute()) for key, metric in results.items()}
+
+
+def evaluation_sampler(dataset: Sized) -> Sampler[int] | None:
+    """The sampler of an evaluation ``DataLoader`` that counts every row exactly once under DDP.
+
+    Lightning gives evaluation loaders a ``DistributedSampler``, which pads each rank's share with
+    repeated rows when the dataset size is not a multiple of the world size; the metrics, whose
+    states are sums reduced across ranks, would count those rows twice. Under
+    ``torch.distributed`` with several processes this returns Lightning's
+    ``UnrepeatedDistributedSampler`` (rank ``r`` takes rows ``r, r + W, ...``, no padding; the
+    ranks' batch counts may differ by one), which Lightning keeps because it is a
+    ``DistributedSampler``; otherwise ``None`` (the ``DataLoader``'s sequential default). Call it
+    where the loader is built, e.g. in ``val_dataloader()``, after the process group is set up::
+
+        DataLoader(dataset, batch_size=256, sampler=evaluation_sampler(dataset))
+
+    Every rank must hold at least one row. Log only metrics that are reduced once per epoch (our
+    metrics objects, or ``self.log(..., sync_dist=True)`` on epoch): a collective in every step
+    would wait forever on the rank with one batch fewer.
+
+    Args:
+        dataset: the ``[R]``-row map-style evaluation dataset.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    if len(dataset) < dist.get_world_size():
+        raise ValueError(
+            f"dataset has {len(dataset)} rows, fewer than the {dist.get_world_size()} processes: "
+            f"every rank needs at least one row to evaluate"
+        )
+    return UnrepeatedDistributedSampler(dataset, shuffle=False)

@@ -3,6 +3,9 @@
 A sampler decides *which* classes a sampled head looks at; it never knows which loss uses it.
 ``log_q`` is always the **normalised** log-probability of an id under one draw, so that a head can
 apply the ``o_i - log(M * q_i)`` correction of DESIGN.md without knowing the sampler.
+
+Under DDP every rank holds the same index (``IndexRefresh`` builds it on rank 0 and broadcasts it)
+but draws its own negatives: see :func:`rank_generator`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from .._validation import check_class_ids, check_padding_idx, check_positive_int
@@ -35,12 +39,17 @@ class Sampler(nn.Module):
     ``query_independent`` samplers (uniform, unigram, ...) ignore ``z`` and can share one set of
     draws across a batch; adaptive ones (MIDX, ...) cannot.
 
+    Under ``torch.distributed`` each rank draws from its own stream (:func:`rank_generator`);
+    set the attribute ``rank_offset = False`` on an instance for the same draws on every rank
+    (with shared negatives, a DDP step then equals one process on the ranks' batches together).
+
     Args:
         num_classes: the number of classes ``N``.
         padding_idx: a class that is never drawn (its probability is zero).
     """
 
     query_independent: bool = False
+    rank_offset: bool = True
 
     def __init__(self, num_classes: int, *, padding_idx: int | None = None) -> None:
         super().__init__()
@@ -67,7 +76,10 @@ class Sampler(nn.Module):
                 device and dtype).
             num_samples: ``M``, draws per query (or per batch when ``shared``).
             shared: draw one set ``[M]`` for the whole batch; needs a query-independent proposal.
-            generator: a ``torch.Generator`` on ``z``'s device for reproducible draws.
+            generator: a ``torch.Generator`` on ``z``'s device for reproducible draws. ``None``:
+                torch's default generator in a single process; under ``torch.distributed`` with
+                several processes, this rank's own stream (:func:`rank_generator`), so that the
+                ranks draw different negatives (unless ``rank_offset`` is ``False``).
 
         Returns:
             ``Sample(ids, log_q)`` with shapes ``[B, M]`` (or ``[M]`` when ``shared``).
@@ -80,6 +92,8 @@ class Sampler(nn.Module):
                 f"shared negatives need a query-independent proposal; {type(self).__name__} "
                 f"adapts to each query: use shared_negatives=False"
             )
+        if generator is None and self.rank_offset:
+            generator = rank_generator(z.device)
         return self._sample(z, num_samples, shared, generator)
 
     def log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
@@ -120,6 +134,23 @@ class Sampler(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, padding_idx={self.padding_idx}"
+
+
+def rank_generator(device: torch.device) -> torch.Generator | None:
+    """The generator of this rank's draws under ``torch.distributed``; ``None`` (torch's default
+    generator) in a single process or a group of one.
+
+    Every rank runs the same seeded program (``seed_everything`` seeds every rank alike), so draws
+    from the default generator would be the same negatives on every rank: the extra ranks would
+    add no new samples. Instead each call draws one seed ``s`` from torch's global CPU generator,
+    which stays identical across ranks (and is what ``RNGCheckpoint`` saves), and returns a
+    generator on ``device`` seeded with ``s + rank``: the ranks' streams differ, and a run stays
+    repeatable. The extra CPU draw and the new generator cost microseconds per call.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    seed = int(torch.randint(2**62, ()).item())
+    return torch.Generator(device=device).manual_seed(seed + dist.get_rank())
 
 
 def skip_padding(ranks: Tensor, padding_idx: int | None) -> Tensor:

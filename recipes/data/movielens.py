@@ -13,7 +13,10 @@ from datasets import Dataset, DatasetDict, Features, Sequence, Value
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from lightning_sampled.metrics import evaluation_sampler
+
 from .base import RecipeData, cached, default_cache_dir, file_digest, package_file
+from .resumable import ResumableLoader
 
 SOURCES = {
     "ml-100k": ("recbole", "dataset_example/ml-100k/ml-100k.inter", "recbole==1.2.1"),
@@ -243,14 +246,16 @@ class MovieLens(RecipeData):
     def train_dataloader(self) -> DataLoader:
         inputs, targets = training_windows(self.splits["train"]["items"], self.max_len)
         rows = [{"input": i, "target": t} for i, t in zip(inputs, targets, strict=True)]
-        return DataLoader(
+        return ResumableLoader(
             rows, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers
         )
 
     def _eval_loader(self, split: str) -> DataLoader:
+        rows = self.splits[split]
         return DataLoader(
-            self.splits[split],
+            rows,
             batch_size=self.eval_batch_size,
+            sampler=evaluation_sampler(rows),
             collate_fn=self.collate_eval,
             num_workers=self.num_workers,
         )

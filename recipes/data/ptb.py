@@ -11,7 +11,10 @@ from datasets import Dataset, DatasetDict
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from lightning_sampled.metrics import evaluation_sampler
+
 from .base import RecipeData, cached, default_cache_dir
+from .resumable import ResumableLoader
 
 SPLITS = {"train": "train", "validation": "valid", "test": "test"}
 EOS = "<eos>"
@@ -95,17 +98,19 @@ class TokenStreams(RecipeData):
     def class_counts(self) -> list[int]:
         return torch.bincount(self.stream("train"), minlength=self.num_classes).tolist()
 
-    def _loader(self, split: str, batch_size: int) -> DataLoader:
-        return DataLoader(batchify(self.stream(split), batch_size, self.bptt), batch_size=None)
+    def train_dataloader(self) -> ResumableLoader:
+        windows = batchify(self.stream("train"), self.batch_size, self.bptt)
+        return ResumableLoader(windows, batch_size=None)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.batch_size)
+    def _eval_loader(self, split: str) -> DataLoader:
+        windows = batchify(self.stream(split), self.eval_batch_size, self.bptt)
+        return DataLoader(windows, batch_size=None, sampler=evaluation_sampler(windows))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", self.eval_batch_size)
+        return self._eval_loader("validation")
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.eval_batch_size)
+        return self._eval_loader("test")
 
 
 class PennTreebank(TokenStreams):

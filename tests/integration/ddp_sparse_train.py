@@ -65,7 +65,8 @@ class SparseToyModel(L.LightningModule):
         lr: LazyAdam's learning rate.
         num_negatives: ``M``.
         shared_negatives: one set of negatives per batch (makes a DDP run equal to one process
-            on the concatenated batch, since every rank then draws the same negatives).
+            on the concatenated batch, since every rank draws the same negatives: the sampler's
+            ``rank_offset`` is off).
         clip_override: clip with ``lightning_sampled.optim.clip_grad_norm_`` (else Lightning's
             default ``torch.nn.utils.clip_grad_norm_``).
         weight_decay: LazyAdam's decoupled weight decay.
@@ -96,6 +97,8 @@ class SparseToyModel(L.LightningModule):
             sparse_grad=True,
             weight=self.embedding.weight,
         )
+        # every rank draws the shared negatives one process would (not its own stream)
+        self.head.sampler.rank_offset = False
         self.grad_layouts: list[torch.layout] = []  # the table's grad layout at each step
         self.clip_norms: list[tuple[float, float]] = []  # (before, after) our clipping
 

@@ -23,10 +23,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from lightning_sampled.callbacks import RNGCheckpoint
 from lightning_sampled.heads import SampledSoftmaxHead
 from lightning_sampled.optim import LazyAdam
 from lightning_sampled.samplers import UniformSampler
-from recipes.callbacks import RNGCheckpoint
 
 HERE = Path(__file__).resolve().parent
 STEPS_PER_EPOCH = 4  # 256 rows / 32 per batch / 2 batches per step

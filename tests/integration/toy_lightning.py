@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
-from lightning_sampled.metrics import NDCG, Recall
+from lightning_sampled.metrics import NDCG, Recall, evaluation_sampler
 from lightning_sampled.samplers import UnigramSampler
 
 NUM_CLASSES = 257
@@ -30,7 +30,7 @@ def toy_tensors(num_rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class ToyData(L.LightningDataModule):
-    def __init__(self, num_train: int = 2048, num_val: int = 512, batch_size: int = 64):
+    def __init__(self, num_train: int = 2048, num_val: int = 509, batch_size: int = 64):
         super().__init__()
         self.train_set = TensorDataset(*toy_tensors(num_train, seed=1))
         self.val_set = TensorDataset(*toy_tensors(num_val, seed=2))
@@ -40,7 +40,9 @@ class ToyData(L.LightningDataModule):
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
 
     def val_dataloader(self):
-        return DataLoader(self.val_set, batch_size=self.batch_size)
+        # each row once under DDP: 509 rows do not split evenly over 2 ranks
+        sampler = evaluation_sampler(self.val_set)
+        return DataLoader(self.val_set, batch_size=self.batch_size, sampler=sampler)
 
 
 class ToyModel(L.LightningModule):

@@ -1,0 +1,103 @@
+"""Two gloo processes seeded alike: the index is identical on both ranks, the negatives are not,
+and an odd-sized evaluation set is split over the ranks without padding."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lightning_sampled.callbacks import IndexRefresh
+from lightning_sampled.heads import OneVsEachHead, SampledSoftmaxHead
+from lightning_sampled.metrics import evaluation_sampler
+from lightning_sampled.samplers import MIDXSampler, UniformSampler
+
+NUM_CLASSES, DIM, DRAWS, EVAL_ROWS = 300, 8, 64, 7
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def draw_on_rank(rank: int, port: int, out_dir: str) -> None:
+    """Builds a MIDX head whose class table differs per rank, refreshes its index (rank 0 builds
+    and broadcasts) and draws negatives; saves the index buffers, the draws and the rows of an
+    odd-sized evaluation set that this rank evaluates."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)  # as seed_everything: the same global stream on every rank
+        sampler = MIDXSampler(NUM_CLASSES, codebook_size=8, kmeans_iters=5)
+        head = SampledSoftmaxHead(NUM_CLASSES, DIM, sampler, num_negatives=DRAWS)
+        with torch.no_grad():
+            head.weight.mul_(rank + 1)  # a rank-local table: only the broadcast makes them agree
+        IndexRefresh().refresh(head)
+        z = torch.randn(4, DIM)
+        target = torch.arange(4)
+        same_on_every_rank = UniformSampler(NUM_CLASSES)
+        same_on_every_rank.rank_offset = False
+        torch.save(
+            {
+                "index": {k: v.clone() for k, v in sampler.state_dict().items()},
+                "midx": sampler.sample(z, DRAWS).ids,
+                "uniform": UniformSampler(NUM_CLASSES).sample(z, DRAWS).ids,
+                "ove": OneVsEachHead(NUM_CLASSES, DIM, None, DRAWS).draw(z, target)[0],
+                "global_after": torch.rand(3),
+                "uniform_no_offset": same_on_every_rank.sample(z, DRAWS).ids,
+                "eval_rows": list(evaluation_sampler(range(EVAL_ROWS))),
+            },
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_streams")
+    mp.start_processes(draw_on_rank, args=(free_port(), str(out)), nprocs=2, start_method="fork")
+    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+def test_ranks_hold_the_same_index(ranks):
+    first, second = (r["index"] for r in ranks)
+    assert first.keys() == second.keys() and first
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+@pytest.mark.parametrize("sampler", ["midx", "uniform", "ove"])
+def test_ranks_draw_different_negatives(ranks, sampler):
+    first, second = (r[sampler] for r in ranks)
+    assert first.shape == second.shape == (4, DRAWS)
+    assert (first != second).float().mean() > 0.5
+
+
+def test_ranks_draw_the_same_negatives_without_rank_offset(ranks):
+    assert torch.equal(ranks[0]["uniform_no_offset"], ranks[1]["uniform_no_offset"])
+
+
+def test_ranks_global_generator_stays_in_step(ranks):
+    """The rank streams are derived from the global one without putting the ranks out of step."""
+    assert torch.equal(ranks[0]["global_after"], ranks[1]["global_after"])
+
+
+def test_single_process_draws_from_the_default_generator():
+    sampler = UniformSampler(NUM_CLASSES)
+    torch.manual_seed(3)
+    ids = sampler.sample(torch.zeros(2, DIM), 5).ids
+    torch.manual_seed(3)
+    assert torch.equal(ids, torch.randint(NUM_CLASSES, (2, 5)))
+
+
+def test_evaluation_rows_are_split_without_padding(ranks):
+    first, second = (r["eval_rows"] for r in ranks)
+    assert sorted(first + second) == list(range(EVAL_ROWS))
+
+
+def test_evaluation_sampler_is_the_default_in_a_single_process():
+    assert evaluation_sampler(range(EVAL_ROWS)) is None
