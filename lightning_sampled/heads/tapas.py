@@ -26,33 +26,78 @@ from .sampled import SampledSoftmaxHead
 _MAX_DRAWS_PER_CLASS = 16
 
 
+class FirstPass(NamedTuple):
+    """The first pass ``S'`` and the numbers its inclusion probabilities need.
+
+    ``S'`` is the first ``K`` distinct classes of a stream of i.i.d. draws from ``q``. Fix a class
+    ``c`` and look only at the draws of the *other* classes: ``c`` is in ``S'`` iff one of its
+    draws comes before the draw that brings the ``K``-th distinct other class, the ``m_c``-th
+    draw of another class, which happens with probability ``pi_c = 1 - (1 - q_c)^m_c`` given those
+    draws. ``m_c`` is observed either way: for ``c`` in ``S'`` the ``K``-th distinct other class is
+    the ``(K + 1)``-th distinct class of the stream, so ``m_c`` counts the draws up to its first
+    appearance less those of ``c``; for ``c`` outside ``S'`` it is the ``K``-th distinct class, and
+    ``m_c`` counts the draws up to its first appearance. Then ``1{c in S'} / pi_c`` has
+    expectation exactly 1 for every class (Horvitz-Thompson weights given the other draws).
+
+    Attributes:
+        ids: long ``[K]`` distinct classes, sorted.
+        exposures: fp64 ``[K]``, ``m_c`` of each class of ``ids`` (``inf`` when ``ids`` is every
+            drawable class).
+        outside_exposure: ``m_c`` of every class outside ``ids`` (``inf`` likewise).
+    """
+
+    ids: Tensor
+    exposures: Tensor
+    outside_exposure: float
+
+    def exposure(self, classes: Tensor) -> Tensor:
+        """``m_c`` of any class ids ``[...]`` (in ``ids`` or not); fp64 ``[...]``."""
+        pos = torch.searchsorted(self.ids, classes).clamp(max=self.ids.numel() - 1)
+        inside = self.ids[pos] == classes
+        return torch.where(inside, self.exposures[pos], self.outside_exposure)
+
+    def log_inclusion(self, classes: Tensor, log_q: Tensor) -> Tensor:
+        """``log pi_c = log(1 - (1 - q_c)^m_c)`` of class ids ``[...]`` with ``log q_c`` ``[...]``.
+
+        Returns fp32 ``[...]``; ``0`` where ``m_c`` is ``inf`` (every class is in ``S'``).
+        """
+        m = self.exposure(classes)
+        q = log_q.double().exp()
+        log_pi = torch.log(-torch.expm1(m * torch.log1p(-q)))
+        return torch.where(torch.isinf(m), 0.0, log_pi).float()
+
+
 class TapasSelection(NamedTuple):
     """The two passes of one batch.
 
     Attributes:
-        candidates: long ``[K]``, the first pass ``S'``: ``K = min(r n, N')`` distinct classes.
-        scores: fp32 ``[K]``, the batch score ``log sum_i exp(f_i(c) / tau)`` of each candidate.
+        first_pass: the first pass ``S'``: ``K = min(r n, N')`` distinct classes and their
+            inclusion probabilities (:class:`FirstPass`).
+        scores: fp32 ``[K]``, the batch score ``log sum_i exp(f_i(c) / tau)`` of each class of
+            ``first_pass.ids``.
         negatives: long ``[n]``, the second pass ``S`` (fewer than ``n`` only when a shard holds
             fewer than ``n / m`` candidates).
-        num_draws: i.i.d. draws from the presampler consumed to collect ``S'`` (``inf`` when
-            ``S'`` is every drawable class).
     """
 
-    candidates: Tensor
+    first_pass: FirstPass
     scores: Tensor
     negatives: Tensor
-    num_draws: float
+
+    @property
+    def candidates(self) -> Tensor:
+        """long ``[K]``, the first pass ``S'`` (``first_pass.ids``)."""
+        return self.first_pass.ids
 
 
 @torch.no_grad()
-def draw_distinct(sampler: Sampler, z: Tensor, k: int) -> tuple[Tensor, float]:
+def draw_distinct(sampler: Sampler, z: Tensor, k: int) -> FirstPass:
     """``k`` distinct classes from a query-independent proposal, without replacement.
 
-    Successive sampling: i.i.d. draws (in rounds of doubling size) are kept in order of first
-    appearance until ``k`` distinct classes are seen, which is sampling without replacement with
-    probabilities proportional to ``q`` (what ``torch.multinomial(q, k, replacement=False)``
-    draws), at ``O(k)`` expected cost instead of ``O(N)``. When ``k`` covers every drawable class
-    they are all returned.
+    Successive sampling: i.i.d. draws (in rounds of doubling size) until ``k + 1`` distinct
+    classes are seen; the first ``k`` of them are sampling without replacement with probabilities
+    proportional to ``q`` (what ``torch.multinomial(q, k, replacement=False)`` draws), at ``O(k)``
+    expected cost instead of ``O(N)``, and the ``(k + 1)``-th gives their inclusion probabilities
+    (:class:`FirstPass`). When ``k`` covers every drawable class they are all returned.
 
     Args:
         sampler: a query-independent proposal.
@@ -60,48 +105,50 @@ def draw_distinct(sampler: Sampler, z: Tensor, k: int) -> tuple[Tensor, float]:
         k: how many classes, ``>= 1``.
 
     Returns:
-        ``(ids, num_draws)``: long ``[min(k, N')]`` distinct ids and the number of i.i.d. draws
-        up to the ``k``-th distinct one (``inf`` when every drawable class is returned).
+        The :class:`FirstPass` of ``min(k, N')`` classes.
 
     Raises:
-        RuntimeError: if ``k`` distinct classes do not turn up within ``16 N'`` draws (a
+        RuntimeError: if ``k + 1`` distinct classes do not turn up within ``16 N'`` draws (a
             proposal far too skewed for the requested ``k``).
     """
     drawable = sampler.num_drawable
     if k >= drawable:
         ids = skip_padding(torch.arange(drawable, device=z.device), sampler.padding_idx)
-        return ids, math.inf
+        every = torch.full(ids.shape, math.inf, dtype=torch.float64, device=z.device)
+        return FirstPass(ids, every, math.inf)
     draws = torch.empty(0, dtype=torch.long, device=z.device)
-    size = k
+    size = k + 1
     while True:
         draws = torch.cat([draws, sampler.sample(z, size, shared=True).ids])
         uniq, inverse = torch.unique(draws, return_inverse=True)
-        if uniq.numel() >= k:
-            positions = torch.arange(draws.numel(), device=z.device)
-            first = torch.full_like(uniq, draws.numel())
-            first = first.scatter_reduce(0, inverse, positions, reduce="amin")
-            last = first.kthvalue(k).values
-            return uniq[first <= last], float(last) + 1.0
+        if uniq.numel() > k:
+            return first_k_distinct(uniq, inverse, k)
         if draws.numel() >= _MAX_DRAWS_PER_CLASS * drawable:
             raise RuntimeError(
                 f"the presampler gave only {uniq.numel()} distinct classes in {draws.numel()} "
-                f"draws, fewer than the {k} asked for: lower presample_factor * num_negatives "
+                f"draws, fewer than the {k + 1} needed: lower presample_factor * num_negatives "
                 f"or use a flatter presampler"
             )
         size = draws.numel()
 
 
-def log_inclusion(log_q: Tensor, num_draws: float) -> Tensor:
-    """``log(1 - (1 - q)^D)``: the log expected count of a class in ``D`` draws after deduplication.
+def first_k_distinct(uniq: Tensor, inverse: Tensor, k: int) -> FirstPass:
+    """The first ``k`` distinct classes of a stream of draws that holds more than ``k``.
 
     Args:
-        log_q: fp32 log-probabilities under one draw, any shape.
-        num_draws: ``D`` (``inf`` gives ``0``: every class is in).
+        uniq: long ``[U]``, the sorted distinct classes of the stream, ``U > k``.
+        inverse: long ``[L]``, the stream as positions in ``uniq``.
+        k: how many classes.
     """
-    if math.isinf(num_draws):
-        return torch.zeros_like(log_q, dtype=torch.float32)
-    q = log_q.double().exp()
-    return torch.log(-torch.expm1(num_draws * torch.log1p(-q))).float()
+    positions = torch.arange(inverse.numel(), device=inverse.device)
+    first = torch.full_like(uniq, inverse.numel())
+    first = first.scatter_reduce(0, inverse, positions, reduce="amin")
+    kth, next_one = first.kthvalue(k).values, first.kthvalue(k + 1).values
+    inside = first <= kth
+    # Draws of each class before the (k + 1)-th distinct class turns up at draw next_one + 1.
+    counts = torch.bincount(inverse[:next_one], minlength=uniq.numel())
+    exposures = (next_one + 1 - counts[inside]).double()
+    return FirstPass(uniq[inside], exposures, float(kth) + 1.0)
 
 
 class TapasHead(SampledSoftmaxHead):
@@ -118,10 +165,12 @@ class TapasHead(SampledSoftmaxHead):
     Loss: cross-entropy of the positive among itself and the ``n`` negatives, uncorrected by
     default as in the paper; negatives equal to a query's target get ``-inf`` for that query.
     With ``logq_correction=True`` the negatives are corrected by the log inclusion probability of
-    the first pass, ``log(1 - (1 - q_c)^D)`` with ``D`` the draws it took (the correction for
-    deduplicated draws), following the library's consistent convention (see
-    :mod:`~lightning_sampled.heads.sampled`): the positive stays uncorrected while accidental hits
-    are removed, and is corrected too when they are kept. The adaptive pass is never corrected.
+    the first pass, ``log(1 - (1 - q_c)^m_c)`` with ``m_c`` the draws of other classes that
+    decide whether ``c`` is in (:class:`FirstPass`: exact Horvitz-Thompson weights, so
+    ``sum_{c in S'} exp(f(c)) / pi_c`` estimates the normaliser without bias), following the
+    library's consistent convention (see :mod:`~lightning_sampled.heads.sampled`): the positive
+    stays uncorrected while accidental hits are removed, and is corrected too when they are kept.
+    The adaptive pass is never corrected.
 
     With ``r = 1`` the second pass keeps all of ``S'`` and the head is a sampled softmax with
     ``n`` shared negatives drawn without replacement (uncorrected unless asked).
@@ -134,7 +183,11 @@ class TapasHead(SampledSoftmaxHead):
         temperature: ``tau > 0``, settable during training (see ``TemperatureSchedule``).
         presampler: any query-independent proposal, e.g.
             ``UnigramSampler(counts, alpha=0.75)``, the paper's squashed unigram; a uniform
-            proposal when ``None``.
+            proposal when ``None``. Uncorrected, a skewed presampler pushes the likely classes
+            down as negatives, and an ``S'`` far above the paper's 1% to 10% of the classes makes
+            the second pass the top ``n`` of nearly everything: together they cost more than
+            half the NDCG@10 of uniform negatives on MovieLens-100k
+            (``recipes/results/tapas_ml-100k.md``).
         num_shards: ``m``, Algorithm 2's number of shards; must divide ``n`` (hence ``m <= N'``).
             Classes are assigned to shards by a random balanced partition made at construction
             (a buffer, saved in checkpoints); each shard contributes its top ``n / m`` candidates
@@ -244,12 +297,13 @@ class TapasHead(SampledSoftmaxHead):
     @torch.no_grad()
     def select_negatives(self, z: Tensor) -> TapasSelection:
         """Runs both passes for the batch of scored queries ``z`` ``[T, D]``."""
-        candidates, num_draws = draw_distinct(self.sampler, z, self.num_candidates)
+        first_pass = draw_distinct(self.sampler, z, self.num_candidates)
+        candidates = first_pass.ids
         scores = self.batch_scores(z, candidates)
         n = self.num_negatives
         if self.num_shards == 1:
             negatives = candidates[scores.topk(min(n, scores.numel())).indices]
-            return TapasSelection(candidates, scores, negatives, num_draws)
+            return TapasSelection(first_pass, scores, negatives)
         # Sort by score, then stably by shard: each shard's candidates in decreasing score.
         order = scores.argsort(descending=True)
         shard = self.shard_of[candidates[order]].long()
@@ -260,7 +314,7 @@ class TapasHead(SampledSoftmaxHead):
             torch.arange(order.numel(), device=z.device) - (counts.cumsum(0) - counts)[shard]
         )
         negatives = candidates[order[rank_in_shard < n // self.num_shards]]
-        return TapasSelection(candidates, scores, negatives, num_draws)
+        return TapasSelection(first_pass, scores, negatives)
 
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
         """Logits ``[T, 1 + n]`` of the scored positions: column 0 is the positive.
@@ -274,12 +328,16 @@ class TapasHead(SampledSoftmaxHead):
         pos, neg = self.target_and_candidate_logits(z, target, ids)
         pos = pos[:, None]
         if self.logq_correction:
+            first_pass = selection.first_pass
             with torch.no_grad():
-                pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])
                 neg_log_q = self.sampler.log_prob(z.detach(), ids)
-            neg = neg - log_inclusion(neg_log_q, selection.num_draws)
+                neg_log_pi = first_pass.log_inclusion(ids, neg_log_q)
+                if not self.remove_accidental_hits:
+                    pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])
+                    pos_log_pi = first_pass.log_inclusion(target[:, None], pos_log_q)
+            neg = neg - neg_log_pi
             if not self.remove_accidental_hits:
-                pos = pos - log_inclusion(pos_log_q, selection.num_draws)
+                pos = pos - pos_log_pi
         if self.remove_accidental_hits:
             neg = neg.masked_fill(ids == target[:, None], -math.inf)
         return torch.cat([pos, neg], dim=1)

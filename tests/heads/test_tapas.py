@@ -39,7 +39,7 @@ def grads(head, z, y):
 
 def test_r_equal_1_without_correction_is_sampled_softmax_on_the_same_draws():
     n_classes, d, n = 50, 6, 8
-    draws = torch.randperm(n_classes)[:n]
+    draws = torch.randperm(n_classes)[: n + 1]  # the first pass reads one class past the n
     uniform = torch.full((n_classes,), 1.0 / n_classes)
     tapas = randomize(TapasHead(n_classes, d, n, 1, 0.3, Stream(uniform, draws), bias=True))
     ssm = SampledSoftmaxHead(
@@ -63,7 +63,7 @@ def test_r_equal_1_without_correction_is_sampled_softmax_on_the_same_draws():
     skewed = torch.softmax(torch.randn(n_classes) * 3, 0)
     tapas.sampler = Stream(skewed, draws)
     o = z @ tapas.weight.T + tapas.bias
-    neg = o[:, draws].masked_fill(draws == y[:, None], -math.inf)
+    neg = o[:, draws[:n]].masked_fill(draws[:n] == y[:, None], -math.inf)
     logits = torch.cat([o.gather(1, y[:, None]), neg], 1)
     want = F.cross_entropy(logits, torch.zeros(10, dtype=torch.long))
     torch.testing.assert_close(tapas(z, y), want)
@@ -120,21 +120,46 @@ def test_second_pass_is_the_top_n_of_the_first_by_batch_score(tau):
     assert set(sel.negatives.tolist()) == top
 
 
-def test_first_pass_keeps_the_first_k_distinct_draws_and_counts_them():
+def test_first_pass_keeps_the_first_k_distinct_draws_and_their_exposures():
     probs = torch.full((10,), 0.1)
     stream = torch.tensor([3, 3, 1, 3, 4, 1, 0, 0, 0, 0, 0, 0])
-    ids, num_draws = draw_distinct(Stream(probs, stream), torch.zeros(2, 1), 3)
-    assert sorted(ids.tolist()) == [1, 3, 4]
-    assert num_draws == 5.0  # 4 is the third distinct class, at draw 5
-    ids, num_draws = draw_distinct(UniformSampler(6, padding_idx=2), torch.zeros(1, 1), 5)
-    assert sorted(ids.tolist()) == [0, 1, 3, 4, 5] and math.isinf(num_draws)
+    first = draw_distinct(Stream(probs, stream), torch.zeros(2, 1), 3)
+    assert first.ids.tolist() == [1, 3, 4]
+    # the fourth distinct class (0) turns up at draw 7; before it: 3 x3, 1 x2, 4 x1
+    assert first.exposures.tolist() == [7 - 2, 7 - 3, 7 - 1]
+    assert first.outside_exposure == 5.0  # 4, the third distinct class, at draw 5
+    assert first.exposure(torch.tensor([[4, 0], [9, 1]])).tolist() == [[6, 5], [5, 5]]
+    first = draw_distinct(UniformSampler(6, padding_idx=2), torch.zeros(1, 1), 5)
+    assert first.ids.tolist() == [0, 1, 3, 4, 5] and math.isinf(first.outside_exposure)
+    assert bool(torch.isinf(first.exposures).all())
+    assert first.log_inclusion(first.ids, torch.full((5,), math.log(0.2))).tolist() == [0.0] * 5
+
+
+def test_first_pass_inclusion_probabilities_are_exact():
+    """Over repeated first passes, ``1{c in S'} / pi_c`` averages 1 for every class (so the
+    correction's estimate of the normaliser is unbiased) and ``1{c in S'} - pi_c`` averages 0,
+    ``pi_c`` taken from the exposure inside ``S'`` or outside it."""
+    presampler = UnigramSampler(torch.tensor([32.0, 16, 8, 4, 4, 2, 2, 1]), alpha=1.0)
+    classes = torch.arange(8)
+    log_q = presampler.log_prob(torch.zeros(1, 1), classes)
+    torch.manual_seed(0)
+    reps = 2000
+    weights, residuals = torch.zeros(reps, 8), torch.zeros(reps, 8)
+    for i in range(reps):
+        first = draw_distinct(presampler, torch.zeros(1, 1), 3)
+        pi = first.log_inclusion(classes, log_q).exp()
+        member = torch.isin(classes, first.ids).float()
+        weights[i], residuals[i] = member / pi, member - pi
+    for values, want in ((weights, 1.0), (residuals, 0.0)):
+        z_score = (values.mean(0) - want) / (values.std(0) / math.sqrt(reps))
+        assert bool((z_score.abs() < 4).all()), z_score
 
 
 def test_presample_size_is_capped_by_the_drawable_classes():
     head = TapasHead(20, 3, num_negatives=4, presample_factor=8, padding_idx=5)
     sel = head.select_negatives(torch.randn(3, 3))
     assert sorted(sel.candidates.tolist()) == [k for k in range(20) if k != 5]
-    assert sel.negatives.numel() == 4 and math.isinf(sel.num_draws)
+    assert sel.negatives.numel() == 4 and math.isinf(sel.first_pass.outside_exposure)
     assert TapasHead(100, 3, num_negatives=4, presample_factor=2.5).num_candidates == 10
 
 
@@ -159,36 +184,70 @@ def test_each_shard_contributes_its_top_n_over_m():
     assert torch.equal(other.shard_of, head.shard_of)
 
 
+def test_sharding_misses_global_top_classes_crowded_into_one_shard():
+    """Algorithm 2 is an approximation: when the batch's best candidates sit in one shard, that
+    shard still gives only its top n / m, and weaker candidates of the other shards take the
+    remaining places of the exact top n (brute force)."""
+    n_classes, d, n, m = 40, 2, 4, 2
+    head = TapasHead(n_classes, d, num_negatives=n, presample_factor=10, num_shards=m)
+    assert head.num_candidates == n_classes  # S' is every class: the second pass alone decides
+    in_0 = (head.shard_of == 0).nonzero().flatten()
+    z = torch.eye(2)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.weight[in_0[:4], 0] = torch.tensor([8.0, 7.0, 6.0, 5.0])  # the best four: shard 0
+        head.weight[:, 1] = torch.linspace(0.0, 1.0, n_classes)
+    sel = head.select_negatives(z)
+    scores = brute_scores(head, z, sel.candidates)
+    exact = set(sel.candidates[scores.topk(n).indices].tolist())
+    assert exact == set(in_0[:4].tolist())
+    in_shard = head.shard_of[sel.candidates]
+    per_shard = set()
+    for j in range(m):
+        ranked = sel.candidates[in_shard == j][scores[in_shard == j].argsort(descending=True)]
+        per_shard |= set(ranked[: n // m].tolist())
+    assert set(sel.negatives.tolist()) == per_shard
+    assert set(sel.negatives.tolist()) & exact == set(in_0[:2].tolist())  # 3rd and 4th missed
+
+
 def test_a_shard_short_of_candidates_contributes_all_it_has():
     head = TapasHead(40, 3, num_negatives=4, presample_factor=2, num_shards=2)
     in_0 = (head.shard_of == 0).nonzero().flatten()
     in_1 = (head.shard_of == 1).nonzero().flatten()
-    stream = torch.cat([in_0[:7], in_1[:1]])
+    stream = torch.cat([in_0[:7], in_1[:1], in_0[7:8]])  # S' is the first 8 distinct
     head.sampler = Stream(torch.full((40,), 1 / 40), stream)
     sel = head.select_negatives(torch.randn(2, 3))
     assert sel.negatives.numel() == 3 and in_1[0].item() in sel.negatives.tolist()
 
 
-def test_logq_correction_subtracts_the_log_expected_count_of_the_first_pass():
+def test_logq_correction_subtracts_the_log_inclusion_probability_of_the_first_pass():
     probs = torch.softmax(torch.randn(30), 0)
-    stream = torch.tensor([4, 9, 4, 17, 2, 9, 21, 8, 8, 8, 8, 8])
+    stream = torch.tensor([4, 9, 4, 17, 2, 9, 21, 8, 8, 11, 8, 8, 8, 8])
     head = randomize(TapasHead(30, 4, 3, 2, 1.0, Stream(probs, stream), logq_correction=True))
     z = torch.randn(5, 4)
     y = torch.tensor([4, 1, 2, 3, 0])
     sel = head.select_negatives(z)
-    assert sel.num_draws == 8.0  # k = 6: the sixth distinct class (8) turns up at draw 8
+    # k = 6: S' = {2, 4, 8, 9, 17, 21}; the seventh distinct class (11) turns up at draw 10, so
+    # each class of S' has 10 draws less its own before it; a class outside S' has the 8 draws
+    # up to the sixth distinct class (8)
+    exposure = {2: 9, 4: 8, 8: 8, 9: 8, 17: 9, 21: 9, 0: 8, 1: 8, 3: 8}
+    assert sel.candidates.tolist() == [2, 4, 8, 9, 17, 21]
+
+    def log_pi(ids):
+        m = torch.tensor([[exposure[c] for c in row] for row in ids.tolist()])
+        return torch.log(-torch.expm1(m * torch.log1p(-probs.double()[ids]))).float()
+
     head.sampler.pos = 0
     logits = head.sampled_logits(z, y)
     o = z @ head.weight.T
-    count = lambda ids: -torch.expm1(8.0 * torch.log1p(-probs.double()[ids])).float()  # noqa: E731
     want_pos = o.gather(1, y[:, None])  # hits removed: the positive stays uncorrected
-    want_neg = o[:, sel.negatives] - count(sel.negatives).log()
+    want_neg = o[:, sel.negatives] - log_pi(sel.negatives[None])
     want_neg = want_neg.masked_fill(sel.negatives == y[:, None], -math.inf)
     torch.testing.assert_close(logits, torch.cat([want_pos, want_neg], 1))
     head.remove_accidental_hits = False  # hits kept: the positive is corrected too
     head.sampler.pos = 0
-    want_neg = o[:, sel.negatives] - count(sel.negatives).log()
-    want_pos = want_pos - count(y)[:, None].log()
+    want_neg = o[:, sel.negatives] - log_pi(sel.negatives[None])
+    want_pos = want_pos - log_pi(y[:, None])
     torch.testing.assert_close(head.sampled_logits(z, y), torch.cat([want_pos, want_neg], 1))
 
 
@@ -211,6 +270,24 @@ def test_runs_under_bf16_autocast_and_skips_ignored_positions():
     loss.backward()
     assert torch.isfinite(loss) and bool(torch.isfinite(z.grad).all())
     assert bool((z.grad[0, :2] == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_queries_outside_autocast_train_like_their_fp32_values(dtype):
+    counts = torch.arange(1.0, 65.0)
+    presampler = UnigramSampler(counts, alpha=0.75)
+    head = TapasHead(64, 8, 8, 4, 0.5, presampler, logq_correction=True)
+    randomize(head)
+    z = torch.randn(10, 8).to(dtype).requires_grad_(True)
+    y = torch.randint(0, 64, (10,))
+    torch.manual_seed(1)
+    want = head(z.detach().float(), y)
+    torch.manual_seed(1)
+    got = head(z, y)
+    got.backward()
+    assert got.dtype == torch.float32 and z.grad.dtype == dtype
+    torch.testing.assert_close(got, want)
+    assert bool(torch.isfinite(z.grad).all())
 
 
 def test_bad_arguments_raise():
