@@ -1,7 +1,7 @@
 """Index structures that samplers and heads search: k-means, PQ / RQ codebooks, class trees."""
 
 from .cells import Cells, build_cells, cell_of
-from .kmeans import kmeans, nearest_centroid
+from .kmeans import check_norms, kmeans, nearest_centroid
 from .quantizers import ProductQuantizer, Quantizer, ResidualQuantizer, make_quantizer
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "Quantizer",
     "ResidualQuantizer",
     "build_cells",
+    "check_norms",
     "cell_of",
     "kmeans",
     "make_quantizer",

@@ -7,14 +7,24 @@ points instead of a million, which makes a refresh cost about one pass over the 
 ``niter`` passes, for a quantisation error within a few percent of training on every point
 (``max_points_per_centroid=None`` trains on all of them). A warm start (``init``) begins from the
 previous centroids, so that an index rebuilt often moves smoothly. After training, any centroid left
-without a point is moved onto a random point of a cluster that has two or more, and the points are
-reassigned; this repeats until no cluster is empty (or only duplicated points remain), so that no
-codeword, and no cell of a multi-index built on it, is left empty by accident.
+without a point is moved onto the point that its own centroid represents worst (the largest squared
+distance, as k-means implementations re-seed empty clusters), and the points are reassigned; this
+repeats until no cluster is empty (or every point sits on its centroid: duplicated points), so that
+no codeword, and no cell of a multi-index built on it, is left empty by accident.
+:func:`reseed_empty` is also how learned codebooks (MIDX-Learn) get their dead codewords back.
+
+faiss runs with as many OpenMP threads as ``torch.get_num_threads()`` (its own default is every
+core, which under CPU contention made a 200k-class build 14x slower), restored afterwards. faiss
+computes squared distances in fp32 and aborts the whole process on an overflow, so points (and
+starting centroids) of norm beyond ``sqrt(fp32 max) / 2`` (about 9.2e18) are refused first with a
+``ValueError``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import faiss
 import numpy as np
@@ -22,6 +32,10 @@ import torch
 from torch import Tensor
 
 _MAX_RESEED_ROUNDS = 10
+# Largest norm of a point or centroid: every squared distance, at most (2 * norm)^2, stays finite
+# in fp32, where faiss computes them.
+MAX_NORM = math.sqrt(torch.finfo(torch.float32).max) / 2
+_ROW_CHUNK = 65536
 
 
 def nearest_centroid(x: Tensor, centroids: Tensor, chunk_size: int = 65536) -> Tensor:
@@ -62,8 +76,7 @@ def kmeans(
         k: the number of clusters.
         init: optional ``[k, d]`` starting centroids (the previous refresh's, for a warm start).
         niter: Lloyd iterations.
-        seed: faiss' seed (also of its sample), and the seed of the re-seeding of empty
-            clusters.
+        seed: faiss' seed (also of its sample).
         max_points_per_centroid: train on at most this many points per centroid, a random
             sample drawn by faiss; ``None`` trains on every point.
 
@@ -72,10 +85,14 @@ def kmeans(
         index of each point's nearest centroid.
 
     Raises:
-        ValueError: if ``x`` is not 2-D or has fewer than ``k`` rows.
+        ValueError: if ``x`` is not 2-D or has fewer than ``k`` rows, or if a point or a starting
+            centroid has a norm beyond :data:`MAX_NORM` (faiss' fp32 distances would overflow).
     """
     if x.dim() != 2 or x.shape[0] < k:
         raise ValueError(f"kmeans needs at least k={k} points [n, d], got shape {tuple(x.shape)}")
+    check_norms("kmeans: x", x)
+    if init is not None:
+        check_norms("kmeans: init", init)
     n, d = x.shape
     points = np.ascontiguousarray(x.detach().float().cpu().numpy())
     km = faiss.Kmeans(
@@ -92,25 +109,85 @@ def kmeans(
     start = None
     if init is not None:
         start = np.ascontiguousarray(init.detach().float().cpu().numpy())
-    km.train(points, init_centroids=start)
+    with faiss_threads(torch.get_num_threads()):
+        km.train(points, init_centroids=start)
     centroids = torch.from_numpy(km.centroids.copy()).to(x.device)
     assignment = nearest_centroid(x, centroids)
-    return _reseed_empty(x, centroids, assignment, seed)
+    return reseed_empty(x, centroids, assignment)
 
 
-def _reseed_empty(
-    x: Tensor, centroids: Tensor, assignment: Tensor, seed: int
-) -> tuple[Tensor, Tensor]:
-    """Moves empty centroids onto random points of clusters with >= 2 points, then reassigns."""
+@contextmanager
+def faiss_threads(num_threads: int) -> Iterator[None]:
+    """Runs the block with faiss' OpenMP thread count set to ``num_threads``, then restores it."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def check_norms(name: str, x: Tensor) -> None:
+    """Raises ``ValueError`` naming the largest row norm of ``x`` ``[n, d]`` if it exceeds
+    :data:`MAX_NORM`.
+
+    One pass of ``aminmax`` bounds the norms by ``sqrt(d) max |x|``; only a table that fails
+    that bound has its row norms computed (fp64, in row chunks).
+    """
+    low, high = torch.aminmax(x.detach())
+    if float(torch.maximum(-low, high)) * math.sqrt(x.shape[1]) <= MAX_NORM:
+        return
+    norms = torch.cat(
+        [
+            torch.linalg.vector_norm(x[start : start + _ROW_CHUNK].double(), dim=1)
+            for start in range(0, x.shape[0], _ROW_CHUNK)
+        ]
+    )
+    largest, row = torch.max(norms, dim=0)
+    if float(largest) > MAX_NORM:
+        raise ValueError(
+            f"{name} has a row of norm {float(largest):.4g} (row {int(row)}), beyond "
+            f"{MAX_NORM:.3g}: faiss' fp32 squared distances would overflow (faiss aborts the "
+            f"process); scale the embeddings down"
+        )
+
+
+def reseed_empty(x: Tensor, centroids: Tensor, assignment: Tensor) -> tuple[Tensor, Tensor]:
+    """Moves every centroid without a point onto a point its centroid represents worst.
+
+    The empty centroids take the points with the largest squared distance to their own centroid
+    (distinct points, each at a positive distance), then every point is reassigned; this repeats
+    (at most 10 rounds) until no centroid is empty, or until every point sits on its centroid
+    (duplicated points: nothing is left to split, and the remaining centroids stay empty).
+
+    Args:
+        x: ``[n, d]`` points.
+        centroids: ``[k, d]`` fp32 centroids, changed in place.
+        assignment: long ``[n]``: the nearest centroid of every point.
+
+    Returns:
+        ``(centroids, assignment)``, the latter the nearest centroid of every point.
+    """
     k = centroids.shape[0]
-    generator = torch.Generator().manual_seed(seed)
     for _ in range(_MAX_RESEED_ROUNDS):
-        counts = torch.bincount(assignment, minlength=k)
-        empty = (counts == 0).nonzero().squeeze(1)
-        donors = (counts[assignment] > 1).nonzero().squeeze(1)
-        if empty.numel() == 0 or donors.numel() == 0:
+        empty = (torch.bincount(assignment, minlength=k) == 0).nonzero().squeeze(1)
+        if empty.numel() == 0:
             break
-        picks = torch.randint(donors.numel(), (empty.numel(),), generator=generator)
-        centroids[empty] = x[donors[picks.to(donors.device)]].float()
+        errors = _squared_errors(x, centroids, assignment)
+        worst = errors.topk(min(empty.numel(), errors.numel()))
+        chosen = worst.values > 0
+        if not bool(chosen.any()):
+            break
+        centroids[empty[chosen]] = x[worst.indices[chosen]].float()
         assignment = nearest_centroid(x, centroids)
     return centroids, assignment
+
+
+def _squared_errors(x: Tensor, centroids: Tensor, assignment: Tensor) -> Tensor:
+    """``||x_i - centroids[assignment_i]||^2`` ``[n]`` fp32, in row chunks."""
+    errors = torch.empty(x.shape[0], device=x.device)
+    for start in range(0, x.shape[0], _ROW_CHUNK):
+        end = start + _ROW_CHUNK
+        diff = x[start:end].float() - centroids[assignment[start:end]]
+        errors[start:end] = (diff * diff).sum(dim=1)
+    return errors

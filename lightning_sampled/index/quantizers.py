@@ -16,11 +16,12 @@ MIDX-Learn (Section 6.2.3), where codeword weights are ``softmax(q . c)``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from .kmeans import kmeans, nearest_centroid
+from .kmeans import kmeans, nearest_centroid, reseed_empty
 
 _ROW_CHUNK = 1 << 18
 
@@ -48,17 +49,52 @@ class Quantizer(ABC):
         """The parts ``(z1 [..., D'], z2 [..., D'])`` of queries ``z`` ``[..., D]`` that score the
         first and second codebooks."""
 
-    @abstractmethod
     def fit(
         self, x: Tensor, *, init: Tensor | None = None, niter: int = 25, seed: int = 0
     ) -> tuple[Tensor, Tensor]:
-        """Learns codebooks by k-means.
+        """Learns codebooks by k-means (codebook ``j`` with seed ``seed + j``).
 
         Args:
             x: ``[n, D]`` class embeddings (``n >= K``).
             init: ``[2, K, D']`` previous codebooks for a warm start, or ``None``.
             niter: k-means iterations per codebook.
             seed: k-means seed.
+
+        Returns:
+            ``(codebooks [2, K, D'], codes [n, 2])``.
+        """
+        return self._by_codebook(
+            x,
+            lambda points, j: kmeans(
+                points, self.codebook_size, init=_part(init, j), niter=niter, seed=seed + j
+            ),
+        )
+
+    def reassign(self, x: Tensor, codebooks: Tensor) -> tuple[Tensor, Tensor]:
+        """Codes of ``x`` ``[n, D]`` under given codebooks, with dead codewords re-seeded.
+
+        Codebook by codebook, every row takes its nearest codeword; a codeword that no row takes
+        is moved onto the row that its codebook represents worst
+        (:func:`~lightning_sampled.index.kmeans.reseed_empty`), so that learned codebooks
+        (MIDX-Learn) do not collapse onto fewer codewords. No Lloyd iteration moves the others.
+
+        Returns:
+            ``(codebooks [2, K, D'], codes [n, 2])``; ``codebooks`` is a new tensor.
+        """
+        codebooks = codebooks.detach().float()
+        return self._by_codebook(
+            x,
+            lambda points, j: reseed_empty(
+                points, codebooks[j].clone(), nearest_centroid(points, codebooks[j])
+            ),
+        )
+
+    @abstractmethod
+    def _by_codebook(
+        self, x: Tensor, cluster: Callable[[Tensor, int], tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor]:
+        """Builds both codebooks with ``cluster(points [n, D'], j) -> (codebook [K, D'],
+        assignment [n])`` on the points that codebook ``j`` quantises.
 
         Returns:
             ``(codebooks [2, K, D'], codes [n, 2])``.
@@ -113,10 +149,10 @@ class ProductQuantizer(Quantizer):
         half = z.shape[-1] // 2
         return z[..., :half], z[..., half:]
 
-    def fit(self, x, *, init=None, niter=25, seed=0):
+    def _by_codebook(self, x, cluster):
         x1, x2 = self.query_parts(x)
-        c1, a1 = kmeans(x1, self.codebook_size, init=_part(init, 0), niter=niter, seed=seed)
-        c2, a2 = kmeans(x2, self.codebook_size, init=_part(init, 1), niter=niter, seed=seed + 1)
+        c1, a1 = cluster(x1, 0)
+        c2, a2 = cluster(x2, 1)
         return torch.stack([c1, c2]), torch.stack([a1, a2], dim=1)
 
     def decode(self, codes: Tensor, codebooks: Tensor) -> Tensor:
@@ -144,12 +180,10 @@ class ResidualQuantizer(Quantizer):
     def query_parts(self, z: Tensor) -> tuple[Tensor, Tensor]:
         return z, z
 
-    def fit(self, x, *, init=None, niter=25, seed=0):
-        c1, a1 = kmeans(x, self.codebook_size, init=_part(init, 0), niter=niter, seed=seed)
+    def _by_codebook(self, x, cluster):
+        c1, a1 = cluster(x, 0)
         residual = c1[a1].sub_(x).neg_()  # x - c1[a1] without a second [n, D] temporary
-        c2, a2 = kmeans(
-            residual, self.codebook_size, init=_part(init, 1), niter=niter, seed=seed + 1
-        )
+        c2, a2 = cluster(residual, 1)
         return torch.stack([c1, c2]), torch.stack([a1, a2], dim=1)
 
     def decode(self, codes: Tensor, codebooks: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""Codeword logits and the log-normalisers of MIDX's first two stages, in one Triton launch.
+"""Codeword logits and the log-normalisers of MIDX's first two stages.
 
 For queries split into two parts ``z1`` ``[B, D1]`` and ``z2`` ``[B, D2]`` (the two halves under
 product quantisation, the whole query twice under residual quantisation), codebooks ``c1``
@@ -8,12 +8,23 @@ empty cells), the MIDX proposal of Eq. (6) needs
 - ``s1 = z1 c1^T`` and ``s2 = z2 c2^T``, the codeword logits ``[B, K]``;
 - ``log_psi[b, k1] = logsumexp_k2(log|Omega[k1, k2]| + s2[b, k2])``, the log-normaliser of
   ``P2(. | k1)`` ``[B, K]`` (``-inf`` when row ``k1`` has no class);
-- ``log_z[b] = logsumexp_k1(s1[b, k1] + log_psi[b, k1])``, the log-normaliser of ``P1`` and of the
-  whole proposal ``[B]``.
+- ``log_p1[b, k1] = log_softmax_k1(s1[b, k1] + log_psi[b, k1])``, the first stage ``[B, K]``.
+
+The proposal depends on each codebook's logits only up to a per-query constant, so both are
+returned *shifted*: a codeword without any class (an empty row of cells for ``c1``, an empty
+column for ``c2``) gets ``-inf``, and the others are shifted so that their maximum is ``0``. This
+keeps every quantity the sampler combines small where it matters: with logits of ``1e30`` (a
+finite but huge query) ``s1 + s2 - log Z`` would lose every digit below ``1e23`` in fp32, and a
+dead codeword's logit would set the scale for the live ones. Logits beyond ``+-2^126`` (overflow
+of ``z . c`` in fp32) are clamped first, so that no difference is ``inf - inf``. A row of cells
+whose weight ``psi`` falls below ``e^-700`` of the best live second codeword's is treated as
+empty (``log_psi = -inf``, ``P1 = 0``): beyond that MIDX's fp64 draw of the second codeword
+(:func:`codeword_weights`) would see only zeros in that row.
 
 :func:`codeword_logits_reference` computes them with plain torch ops; :func:`codeword_logits_triton`
-in one kernel launch (one program per block of queries); :func:`codeword_logits` picks the kernel on
-CUDA and the reference elsewhere. Everything is accumulated in fp32 whatever the input dtype.
+computes ``s1``, ``s2`` and ``log_psi`` in one kernel launch (one program per block of queries);
+:func:`codeword_logits` picks the kernel on CUDA and the reference elsewhere. Everything is
+accumulated in fp32 whatever the input dtype.
 """
 
 from __future__ import annotations
@@ -29,21 +40,40 @@ try:
 except ImportError:  # Triton ships for Linux only; the reference serves everywhere else.
     triton = None
 
+LOGIT_BOUND = 2.0**126  # |logit| clamp: differences of two clamped logits stay finite in fp32
+MIN_LOG_ROW_WEIGHT = -700.0  # rows of cells below e^-700 of the best live codeword get P1 = 0
+
 
 class CodewordLogits(NamedTuple):
-    """The query-dependent part of the MIDX proposal, all fp32.
+    """The query-dependent part of the MIDX proposal, all fp32 (see the module docstring).
 
     Attributes:
-        s1: ``[B, K]`` logits of the first codebook.
-        s2: ``[B, K]`` logits of the second codebook.
-        log_psi: ``[B, K]`` log-normaliser of ``P2(. | k1)`` for every ``k1``.
-        log_z: ``[B]`` log-normaliser of ``P1``.
+        s1: ``[B, K]`` shifted logits of the first codebook (``-inf`` for codewords of no class).
+        s2: ``[B, K]`` shifted logits of the second codebook (``-inf`` for codewords of no class).
+        log_psi: ``[B, K]`` log-normaliser of ``P2(. | k1)`` for every ``k1``, in the units of
+            ``s2``.
+        log_p1: ``[B, K]`` log-probability of the first codeword, ``P1``.
     """
 
     s1: Tensor
     s2: Tensor
     log_psi: Tensor
-    log_z: Tensor
+    log_p1: Tensor
+
+
+def live_codewords(log_counts: Tensor) -> tuple[Tensor, Tensor]:
+    """Which codewords hold a class: bool ``([..., K], [..., K])`` for the first codebook (rows
+    of ``log_counts`` ``[..., K, K]`` with a finite entry) and the second (columns)."""
+    nonempty = log_counts > -torch.inf
+    return nonempty.any(dim=-1), nonempty.any(dim=-2)
+
+
+def shifted_logits(z: Tensor, codebook: Tensor, live: Tensor) -> Tensor:
+    """``z codebook^T`` in fp32 ``[B, K]``, clamped to ``+-2^126``, ``-inf`` where ``live``
+    (``[K]`` or ``[B, K]``) is false, shifted so that each row's maximum is ``0``."""
+    s = (z.float() @ codebook.float().T).clamp(-LOGIT_BOUND, LOGIT_BOUND)
+    s = s.masked_fill(~live, -torch.inf)
+    return s - s.amax(dim=1, keepdim=True)
 
 
 def codeword_logits_reference(
@@ -52,41 +82,47 @@ def codeword_logits_reference(
     """Plain-torch :class:`CodewordLogits` (see the module docstring for the shapes).
 
     ``log_counts`` may also be per-query cell log-weights ``[B, K, K]`` (MIDX's exact mode, where
-    the weight of a cell is the sum of its classes' exponentiated residual logits).
+    the weight of a cell is the sum of its classes' exponentiated residual logits); those rows
+    are normalised by an exact log-sum-exp, without the ``e^-700`` cut.
     """
-    s1 = z1.float() @ c1.float().T
-    s2 = z2.float() @ c2.float().T
+    live1, live2 = live_codewords(log_counts)
+    s1 = shifted_logits(z1, c1, live1)
+    s2 = shifted_logits(z2, c2, live2)
     if log_counts.dim() == 2:
         log_psi = log_cell_normalisers(s2, log_counts)
     else:
         log_psi = torch.logsumexp(s2[:, None, :] + log_counts.float(), dim=-1)
-    log_z = torch.logsumexp(s1 + log_psi, dim=-1)
-    return CodewordLogits(s1, s2, log_psi, log_z)
+    return with_first_stage(s1, s2, log_psi)
+
+
+def with_first_stage(s1: Tensor, s2: Tensor, log_psi: Tensor) -> CodewordLogits:
+    """:class:`CodewordLogits` with ``log_p1 = log_softmax(s1 + log_psi)`` ``[B, K]``."""
+    return CodewordLogits(s1, s2, log_psi, torch.log_softmax(s1 + log_psi, dim=-1))
 
 
 def log_cell_normalisers(s2: Tensor, log_counts: Tensor) -> Tensor:
     """``log_psi[b, k1] = log sum_k2 |Omega[k1, k2]| exp(s2[b, k2])`` as one ``[B, K] x [K, K]``
     product, without a ``[B, K, K]`` tensor.
 
-    ``exp(s2 - max_k2 s2)`` is taken in fp64, so a row of cells underflows to ``-inf`` only when
-    its share is below ``e^-700`` of the row maximum's, where the fp32 result would be ``-inf``
-    anyway.
+    ``exp(s2)`` is taken in fp64 (``s2`` is shifted: its maximum is ``0``); rows below
+    ``e^-700`` get ``-inf``, as in the kernel.
 
     Args:
-        s2: ``[B, K]`` second-codebook logits.
+        s2: ``[B, K]`` shifted second-codebook logits.
         log_counts: ``[K, K]`` log cell sizes (``-inf`` for empty cells).
 
     Returns:
         fp32 ``[B, K]``; ``-inf`` for rows ``k1`` without any class.
     """
-    top = s2.amax(dim=1, keepdim=True).double()
-    return ((codeword_weights(s2) @ log_counts.double().exp().T).log() + top).float()
+    log_psi = (codeword_weights(s2) @ log_counts.double().exp().T).log().float()
+    return log_psi.masked_fill(log_psi < MIN_LOG_ROW_WEIGHT, -torch.inf)
 
 
 def codeword_weights(s2: Tensor) -> Tensor:
-    """``exp(s2 - max_k s2)`` per query, fp64 ``[B, K]``: the second stage's codeword weights,
-    shared by :func:`log_cell_normalisers` and MIDX's draw so that both see the same zeros."""
-    return (s2.double() - s2.amax(dim=1, keepdim=True).double()).exp()
+    """``exp(s2)`` per query, fp64 ``[B, K]``, for shifted logits ``s2``: the second stage's
+    codeword weights, shared by :func:`log_cell_normalisers` and MIDX's draw so that both see
+    the same zeros."""
+    return s2.double().exp()
 
 
 def codeword_logits(
@@ -101,7 +137,8 @@ def codeword_logits(
 def codeword_logits_triton(
     z1: Tensor, z2: Tensor, c1: Tensor, c2: Tensor, log_counts: Tensor, *, block_b: int = 16
 ) -> CodewordLogits:
-    """:class:`CodewordLogits` in one Triton launch (needs CUDA or ``TRITON_INTERPRET=1``).
+    """:class:`CodewordLogits` (needs CUDA or ``TRITON_INTERPRET=1``): ``s1``, ``s2`` and
+    ``log_psi`` in one Triton launch, then ``log_p1``, a ``[B, K]`` log-softmax.
 
     Args:
         z1: ``[B, D1]`` first query parts (any float dtype; the last dim must be contiguous or is
@@ -116,34 +153,35 @@ def codeword_logits_triton(
         raise RuntimeError("codeword_logits_triton needs Triton, which is not installed")
     z1, z2, c1, c2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (z1, z2, c1, c2))
     log_counts = log_counts.float().contiguous()
+    live1, live2 = (live.to(torch.int8) for live in live_codewords(log_counts))
     num_queries, num_codewords = z1.shape[0], c1.shape[0]
     device = z1.device
     s1 = torch.empty(num_queries, num_codewords, device=device, dtype=torch.float32)
     s2 = torch.empty_like(s1)
     log_psi = torch.empty_like(s1)
-    log_z = torch.empty(num_queries, device=device, dtype=torch.float32)
-    if num_queries == 0:
-        return CodewordLogits(s1, s2, log_psi, log_z)
-    block_k = max(16, triton.next_power_of_2(num_codewords))
-    block_d = max(16, min(64, triton.next_power_of_2(max(z1.shape[1], z2.shape[1]))))
-    grid = (triton.cdiv(num_queries, block_b),)
-    _codeword_logits_kernel[grid](
-        z1, z2, c1, c2, log_counts, s1, s2, log_psi, log_z,
-        num_queries, num_codewords, z1.shape[1], z2.shape[1],
-        z1.stride(0), z2.stride(0), c1.stride(0), c2.stride(0), log_counts.stride(0),
-        BLOCK_B=block_b, BLOCK_K=block_k, BLOCK_D=block_d,
-    )  # fmt: skip
-    return CodewordLogits(s1, s2, log_psi, log_z)
+    if num_queries > 0:
+        block_k = max(16, triton.next_power_of_2(num_codewords))
+        block_d = max(16, min(64, triton.next_power_of_2(max(z1.shape[1], z2.shape[1]))))
+        grid = (triton.cdiv(num_queries, block_b),)
+        _codeword_logits_kernel[grid](
+            z1, z2, c1, c2, log_counts, live1, live2, s1, s2, log_psi,
+            num_queries, num_codewords, z1.shape[1], z2.shape[1],
+            z1.stride(0), z2.stride(0), c1.stride(0), c2.stride(0), log_counts.stride(0),
+            LOGIT_BOUND, MIN_LOG_ROW_WEIGHT,
+            BLOCK_B=block_b, BLOCK_K=block_k, BLOCK_D=block_d,
+        )  # fmt: skip
+    return with_first_stage(s1, s2, log_psi)
 
 
 if triton is not None:
 
     @triton.jit
     def _codebook_logits(
-        z_ptr, c_ptr, rows, cols, B, K, D, stride_z, stride_c,
+        z_ptr, c_ptr, live_ptr, rows, cols, B, K, D, stride_z, stride_c, bound,
         BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
-        """fp32 ``[BLOCK_B, BLOCK_K]`` tile of ``z c^T`` for query ``rows``, codewords ``cols``."""
+        """fp32 ``[BLOCK_B, BLOCK_K]`` tile of shifted ``z c^T`` for query ``rows``, codewords
+        ``cols`` (clamped, ``-inf`` for dead codewords, row maximum ``0``)."""
         acc = tl.zeros((BLOCK_B, BLOCK_K), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
@@ -158,12 +196,16 @@ if triton is not None:
                 other=0.0,
             ).to(tl.float32)
             acc += tl.dot(z, c_t, input_precision="ieee")
-        return acc
+        live = tl.load(live_ptr + cols, mask=cols < K, other=0) != 0
+        acc = tl.minimum(tl.maximum(acc, -bound), bound)
+        acc = tl.where(live[None, :], acc, float("-inf"))
+        return acc - tl.max(acc, axis=1)[:, None]
 
     @triton.jit
     def _codeword_logits_kernel(
-        z1_ptr, z2_ptr, c1_ptr, c2_ptr, lc_ptr, s1_ptr, s2_ptr, psi_ptr, lz_ptr,
+        z1_ptr, z2_ptr, c1_ptr, c2_ptr, lc_ptr, live1_ptr, live2_ptr, s1_ptr, s2_ptr, psi_ptr,
         B, K, D1, D2, stride_z1, stride_z2, stride_c1, stride_c2, stride_lc,
+        bound, min_log_row_weight,
         BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -173,28 +215,21 @@ if triton is not None:
         out_mask = row_ok[:, None] & col_ok[None, :]
         out_offsets = rows[:, None] * K + cols[None, :]
         s1 = _codebook_logits(
-            z1_ptr, c1_ptr, rows, cols, B, K, D1, stride_z1, stride_c1, BLOCK_B, BLOCK_K, BLOCK_D
-        )
+            z1_ptr, c1_ptr, live1_ptr, rows, cols, B, K, D1, stride_z1, stride_c1, bound,
+            BLOCK_B, BLOCK_K, BLOCK_D,
+        )  # fmt: skip
         s2 = _codebook_logits(
-            z2_ptr, c2_ptr, rows, cols, B, K, D2, stride_z2, stride_c2, BLOCK_B, BLOCK_K, BLOCK_D
-        )
+            z2_ptr, c2_ptr, live2_ptr, rows, cols, B, K, D2, stride_z2, stride_c2, bound,
+            BLOCK_B, BLOCK_K, BLOCK_D,
+        )  # fmt: skip
         tl.store(s1_ptr + out_offsets, s1, mask=out_mask)
         tl.store(s2_ptr + out_offsets, s2, mask=out_mask)
-        s2 = tl.where(col_ok[None, :], s2, float("-inf"))
-        # Online log-sum-exp over k1 of s1[:, k1] + log_psi[:, k1], one row of cells at a time.
-        run_max = tl.full((BLOCK_B,), float("-inf"), dtype=tl.float32)
-        run_sum = tl.zeros((BLOCK_B,), dtype=tl.float32)
+        # log_psi, one row of cells at a time: a log-sum-exp over k2 of s2 + log|Omega[k1, :]|.
         for k1 in range(0, K):
             lc = tl.load(lc_ptr + k1 * stride_lc + cols, mask=col_ok, other=float("-inf"))
             t = s2 + lc[None, :]
             t_max = tl.max(t, axis=1)
             t_max = tl.where(t_max == float("-inf"), 0.0, t_max)
             psi = tl.log(tl.sum(tl.exp(t - t_max[:, None]), axis=1)) + t_max
+            psi = tl.where(psi < min_log_row_weight, float("-inf"), psi)
             tl.store(psi_ptr + rows * K + k1, psi, mask=row_ok)
-            x = tl.sum(tl.where(cols[None, :] == k1, s1, 0.0), axis=1) + psi
-            new_max = tl.maximum(run_max, x)
-            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(x - safe_max)
-            run_max = new_max
-        safe_max = tl.where(run_max == float("-inf"), 0.0, run_max)
-        tl.store(lz_ptr + rows, tl.log(run_sum) + safe_max, mask=row_ok)

@@ -7,8 +7,10 @@ The class table ``[N, D]`` is quantised with two codebooks of ``K`` codewords (P
 
 - ``mode="fast"`` (Theorem 2, Eq. 6): draw ``k1 ~ P1``, ``k2 ~ P2(. | k1)`` with cell weights
   ``|Omega_{k1,k2}|``, then a class uniformly from the cell. The proposal is
-  ``Q(i | z) = exp(o_i - r~_i) / sum_j exp(o_j - r~_j)`` with ``r~_i = z . r_i``; a draw costs
-  ``O(K D + K^2 + M)`` per query, independent of ``N``.
+  ``Q(i | z) = exp(o_i - r~_i) / sum_j exp(o_j - r~_j)`` with ``r~_i = z . r_i``; ``M`` draws
+  cost ``O(K D + K^2 + min(M, K) K + M log K)`` per query, independent of ``N`` (the second
+  stage builds only the rows ``P2(. | k1)`` of the first codewords drawn:
+  :mod:`~lightning_sampled.samplers.conditional_draw`).
 - ``mode="exact"`` (Theorem 1, Eqs. 2-5): the cell weights are ``omega = sum_{j in cell}
   exp(z . r_j)`` and the class is drawn from the residual softmax inside the cell; the proposal is
   then exactly the full softmax ``softmax(z . q)``. It costs ``O(N D)`` per query and exists to
@@ -18,7 +20,10 @@ The class table ``[N, D]`` is quantised with two codebooks of ``K`` codewords (P
   :meth:`MIDXSampler.auxiliary_loss`; see there.
 
 Both modes report the normalised ``log_q`` of any id through :meth:`Sampler.log_prob`. The padding
-class is left out of the index (probability 0); empty cells have weight 0, so they are never drawn.
+class is left out of the index (probability 0); empty cells, and codewords without any class, have
+weight 0, so they are never drawn, on any class table (an all-zero one included). ``log_q`` is
+formed from per-query shifted codeword logits (:class:`CodewordLogits`), so it stays normalised
+for queries of any finite size; one whose logits overflow fp32 in both directions is an error.
 
 The index is built by :meth:`MIDXSampler.refresh` (``SampledSoftmaxHead.refresh_index()``, which
 the ``IndexRefresh`` callback calls before the first training batch and then on schedule). Using
@@ -39,7 +44,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .._validation import check_positive_int
-from ..index import Quantizer, build_cells, cell_of, make_quantizer
+from ..index import Quantizer, build_cells, cell_of, check_norms, make_quantizer
 from ..kernels.codeword_logits import (
     CodewordLogits,
     codeword_logits,
@@ -47,6 +52,7 @@ from ..kernels.codeword_logits import (
     codeword_weights,
 )
 from .base import Sample, Sampler, skip_padding
+from .conditional_draw import draw_from_used_rows
 
 _MODES = ("fast", "exact")
 _RESIZABLE = ("codewords", "class_embeddings")
@@ -167,28 +173,31 @@ class MIDXSampler(Sampler):
         K-means (through faiss, trained on a sample of at most 256 classes per codeword,
         warm-started from the current codewords; every class is then assigned) learns the
         codebooks, except in learnable mode after the first refresh, where the learned
-        codewords are kept and classes are only reassigned to their nearest codewords. Then the
-        ``K x K`` cell counts and the CSR layout of classes per cell are rebuilt.
+        codewords are kept and classes are only reassigned to their nearest codewords; a
+        learned codeword that no class takes (a dead codeword) is then moved onto the class
+        its codebook reconstructs worst (:meth:`Quantizer.reassign`), so that MIDX-Learn's
+        codebooks do not collapse. Then the ``K x K`` cell counts and the CSR layout of classes
+        per cell are rebuilt.
 
         Args:
             class_embeddings: ``[N, D]`` class table (detached; any device and float dtype).
 
         Raises:
-            ValueError: wrong shape, an odd ``D`` under PQ, or NaN / infinite entries.
+            ValueError: wrong shape, an odd ``D`` under PQ, NaN / infinite entries, or a row
+                whose norm would overflow faiss' fp32 distances (beyond about 9.2e18).
         """
         x = self._check_class_table(class_embeddings)
         drawable = skip_padding(torch.arange(self.num_drawable, device=x.device), self.padding_idx)
         rows = x if self.padding_idx is None else x[drawable]
         if self.learnable and self.is_built:
-            codebooks = self.codewords.detach()
-            codes = self.quantizer.encode(rows, codebooks)
+            codebooks, codes = self.quantizer.reassign(rows, self.codewords)
         else:
             refresh = int(self.num_refreshes)
             init = self.codewords.detach() if self._codewords_match(x.shape[1]) else None
             codebooks, codes = self.quantizer.fit(
                 rows, init=init, niter=self.kmeans_iters, seed=self.seed + 2 * refresh
             )
-            self._set("codewords", codebooks)
+        self._set("codewords", codebooks)
         class_cells = torch.full((self.num_classes,), -1, dtype=torch.long, device=x.device)
         class_cells[drawable] = cell_of(codes, self.codebook_size)
         cells = build_cells(class_cells, self.codebook_size**2)
@@ -237,6 +246,7 @@ class MIDXSampler(Sampler):
                     f"MIDXSampler.refresh: class_embeddings contains {kind} values (row {row} of "
                     f"{tuple(x.shape)}); the index cannot be built"
                 )
+        check_norms("MIDXSampler.refresh: class_embeddings", x)
         return x.float()
 
     def _codewords_match(self, dim: int) -> bool:
@@ -303,10 +313,18 @@ class MIDXSampler(Sampler):
         c1, c2 = self.codewords.detach().float()
         with torch.autocast(z.device.type, enabled=False):
             if self.mode == "fast":
-                log_weights = self._log_counts()
-                return codeword_logits(z1, z2, c1, c2, log_weights), log_weights, None
-            residual_logits, log_weights = self._residual_terms(z)
-            logits = codeword_logits_reference(z1, z2, c1, c2, log_weights)
+                log_weights, residual_logits = self._log_counts(), None
+                logits = codeword_logits(z1, z2, c1, c2, log_weights)
+            else:
+                residual_logits, log_weights = self._residual_terms(z)
+                logits = codeword_logits_reference(z1, z2, c1, c2, log_weights)
+        # Logits beyond fp32 are clamped, but a dot product whose terms overflow in both
+        # directions is NaN: a clear error then (asynchronous on GPU), not a draw out of range.
+        torch._assert_async(
+            ~logits.log_p1.isnan().any(),
+            "MIDXSampler: the proposal of some query is NaN: its logits z . c overflow fp32 "
+            "(|z . c| beyond 3.4e38); scale the queries or the class table down",
+        )
         return logits, log_weights, residual_logits
 
     def _residual_terms(self, z: Tensor) -> tuple[Tensor, Tensor]:
@@ -332,19 +350,24 @@ class MIDXSampler(Sampler):
         self._check_ready(z)
         logits, log_weights, residual_logits = self._stage_logits(z)
         batch, k = z.shape[0], self.codebook_size
-        log_p1 = logits.s1 + logits.log_psi - logits.log_z[:, None]
         u = torch.rand(2, batch, num_samples, device=z.device, generator=generator)
         u_cell = torch.rand(
             batch, num_samples, device=z.device, generator=generator, dtype=torch.float64
         )
-        k1 = _inverse_cdf(log_p1.exp(), u[0])
+        k1 = _inverse_cdf(logits.log_p1.exp(), u[0])
         if residual_logits is None:
-            k2 = _draw_second_codeword(self.cell_counts.view(k, k), logits.s2, k1, u[1])
+            # P2(k2 | k1) ∝ |Omega[k1, k2]| exp(s2[k2]): the fp64 weights of log_psi, so a row
+            # whose weights all underflow has P1 = 0 and is never drawn
+            weights = codeword_weights(logits.s2)
+            k2 = draw_from_used_rows(self.cell_counts.view(k, k), weights, k1, u[1])
             ids = self._uniform_in_cell(k1 * k + k2, u_cell)
-            log_q = logits.s1.gather(1, k1) + logits.s2.gather(1, k2) - logits.log_z[:, None]
+            log_q = _fast_log_q(logits, k1, k2)
         else:
-            log_p2 = log_weights + logits.s2[:, None, :] - logits.log_psi[:, :, None]
-            k2 = _inverse_cdf_in_row(log_p2.exp(), k1, u[1])
+            # P2(. | k1) up to its normaliser (the draw normalises each row); rows without a
+            # class (log_psi = -inf) stay all zero instead of -inf - -inf = NaN.
+            log_psi = logits.log_psi.nan_to_num(neginf=0.0)
+            p2 = (log_weights + logits.s2[:, None, :] - log_psi[:, :, None]).exp()
+            k2 = _inverse_cdf_in_row(p2, k1, u[1])
             ids = self._residual_softmax_in_cell(k1 * k + k2, u_cell, residual_logits, log_weights)
             log_q = self._log_prob_from(logits, log_weights, residual_logits, ids)
         return Sample(ids, log_q)
@@ -384,8 +407,7 @@ class MIDXSampler(Sampler):
             k = self.codebook_size
             cells = self.class_cells[ids]
             k1, k2 = cells.clamp(min=0) // k, cells.clamp(min=0) % k
-            log_q = logits.s1.gather(1, k1) + logits.s2.gather(1, k2) - logits.log_z[:, None]
-            return log_q.masked_fill(cells < 0, -math.inf)
+            return _fast_log_q(logits, k1, k2).masked_fill(cells < 0, -math.inf)
         return self._log_prob_from(logits, log_weights, residual_logits, ids)
 
     def _log_prob_from(
@@ -398,7 +420,7 @@ class MIDXSampler(Sampler):
         safe = cells.clamp(min=0)
         k1, k2 = safe // k, safe % k
         log_omega = log_weights.expand(batch, k, k).reshape(batch, -1).gather(1, safe)
-        log_p1 = logits.s1.gather(1, k1) + logits.log_psi.gather(1, k1) - logits.log_z[:, None]
+        log_p1 = logits.log_p1.gather(1, k1)
         log_p2 = log_omega + logits.s2.gather(1, k2) - logits.log_psi.gather(1, k1)
         log_p3 = residual_logits.gather(1, ids) - log_omega
         return (log_p1 + log_p2 + log_p3).masked_fill(cells < 0, -math.inf)
@@ -491,6 +513,17 @@ class MIDXSampler(Sampler):
         )
 
 
+def _fast_log_q(logits: CodewordLogits, k1: Tensor, k2: Tensor) -> Tensor:
+    """Fast mode's ``log Q`` of a class in cell ``(k1, k2)`` (ids ``[B, M]``):
+    ``log P1(k1) + log P2(k2 | k1) - log|Omega[k1, k2]| = log_p1[k1] + s2[k2] - log_psi[k1]``, in
+    the shifted units of :class:`CodewordLogits` (no term of the size of the raw logits, which
+    would leave ``log Q`` unnormalised in fp32 for huge queries), ``-inf`` in rows ``k1`` of
+    probability ``0``."""
+    log_psi = logits.log_psi.gather(1, k1)
+    log_q = logits.log_p1.gather(1, k1) + logits.s2.gather(1, k2) - log_psi
+    return log_q.masked_fill(log_psi == -math.inf, -math.inf)
+
+
 def _cdf(probs: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Running sums of the rows ``probs`` ``[..., K]`` divided by their last entry, in ``dtype``.
 
@@ -511,41 +544,6 @@ def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
         long ``[B, S]`` indices in ``[0, K)`` with positive probability.
     """
     return torch.searchsorted(_cdf(probs), u, right=True)
-
-
-def _draw_second_codeword(counts: Tensor, s2: Tensor, k1: Tensor, u: Tensor) -> Tensor:
-    """Fast mode's second stage: ``k2 ~ P2(. | k1) ∝ |Omega[k1, k2]| exp(s2[k2])`` for each draw.
-
-    Each draw gathers its row of cell sizes and multiplies it by the query's
-    ``exp(s2 - max s2)`` (fp64, the same weights as
-    :func:`~lightning_sampled.kernels.codeword_logits.log_cell_normalisers`, so a row whose
-    weights all underflow has ``P1 = 0`` and is never drawn): a ``[b, M, K]`` table for a chunk of
-    ``b`` queries, with ``b`` chosen so that a chunk holds at most ``2^22`` entries. Memory is
-    ``O(B * (K + M))`` beside that bounded workspace, never ``O(B * K^2)``, and the draw needs no
-    exponential per entry.
-
-    Args:
-        counts: ``[K, K]`` cell sizes.
-        s2: ``[B, K]`` second-codebook logits.
-        k1: long ``[B, M]`` first codewords drawn (rows with at least one class).
-        u: ``[B, M]`` uniforms in ``[0, 1)``.
-
-    Returns:
-        long ``[B, M]`` second codewords, each of a non-empty cell ``(k1, k2)``.
-    """
-    batch, draws = k1.shape
-    k = counts.shape[0]
-    weights = codeword_weights(s2)
-    counts = counts.double()
-    chunk = max(1, (1 << 22) // max(1, draws * k))
-    parts = []
-    for b in range(0, batch, chunk):
-        cdf = torch.cumsum(counts[k1[b : b + chunk]] * weights[b : b + chunk, None, :], dim=-1)
-        # v < total, and the running sums are monotone in fp64: the first entry above v has
-        # positive mass, so no draw lands on an empty cell or past the row
-        v = u[b : b + chunk, :, None].double() * cdf[..., -1:]
-        parts.append(torch.searchsorted(cdf, v, right=True))
-    return torch.cat(parts).view(batch, draws) if parts else k1.clone()
 
 
 def _inverse_cdf_in_row(probs: Tensor, rows: Tensor, u: Tensor) -> Tensor:

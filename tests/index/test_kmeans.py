@@ -1,10 +1,11 @@
 """k-means through faiss: every point used, warm start, empty clusters re-seeded."""
 
+import faiss
 import pytest
 import torch
 
 from lightning_sampled.index import kmeans, nearest_centroid
-from lightning_sampled.index.kmeans import _reseed_empty
+from lightning_sampled.index.kmeans import reseed_empty
 
 
 def blobs(n_per: int, centers: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -56,9 +57,26 @@ def test_empty_centroids_are_reseeded_onto_points():
     centroids = torch.stack([x[:50].mean(0), x[50:].mean(0), torch.full((3,), 1e3), -x[0]])
     assignment = nearest_centroid(x, centroids)
     assert torch.bincount(assignment, minlength=4)[2] == 0
-    centroids, assignment = _reseed_empty(x, centroids, assignment, seed=0)
+    centroids, assignment = reseed_empty(x, centroids, assignment)
     assert torch.bincount(assignment, minlength=4).min() >= 1
     assert torch.equal(assignment, nearest_centroid(x, centroids))
+
+
+def test_empty_centroids_take_the_worst_represented_points():
+    # Two tight blobs and one far outlier, all under centroid 0; centroids 1 and 2 hold nothing.
+    g = torch.Generator().manual_seed(1)
+    blob = 0.01 * torch.randn(40, 2, generator=g)
+    x = torch.cat([blob[:20], blob[20:] + 3.0, torch.full((1, 2), 9.0)])
+    centroids = torch.tensor([[0.0, 0.0], [100.0, 100.0], [-100.0, -100.0]])
+    assignment = nearest_centroid(x, centroids)
+    assert torch.bincount(assignment, minlength=3).tolist() == [41, 0, 0]
+    errors = ((x - centroids[0]) ** 2).sum(1)
+    worst_two = errors.topk(2).indices
+    centroids, assignment = reseed_empty(x, centroids.clone(), assignment)
+    # the first round moves the empty centroids onto the two farthest points: the outlier and a
+    # point of the far blob; the blob then keeps its own centroid after reassignment
+    assert torch.equal(centroids[1], x[worst_two[0]]) and torch.equal(centroids[2], x[worst_two[1]])
+    assert sorted(torch.bincount(assignment, minlength=3).tolist()) == [1, 20, 20]
 
 
 def test_duplicated_points_terminate_with_empty_clusters_allowed():
@@ -71,3 +89,39 @@ def test_duplicated_points_terminate_with_empty_clusters_allowed():
 def test_too_few_points_is_an_error():
     with pytest.raises(ValueError, match="at least k=5 points"):
         kmeans(torch.randn(4, 2), 5)
+
+
+def test_faiss_threads_follow_torch_during_the_build_and_are_restored(monkeypatch):
+    seen = []
+    train = faiss.Kmeans.train
+
+    def spy(self, *args, **kwargs):
+        seen.append(faiss.omp_get_max_threads())
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(faiss.Kmeans, "train", spy)
+    x = torch.randn(200, 4, generator=torch.Generator().manual_seed(0))
+    torch_threads = torch.get_num_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        for threads in (3, 2):
+            torch.set_num_threads(threads)
+            kmeans(x, 4, niter=2)
+    finally:
+        torch.set_num_threads(torch_threads)
+    assert seen == [3, 2]
+    assert faiss.omp_get_max_threads() == 1
+
+
+@pytest.mark.parametrize("where", ["x", "init"])
+def test_norms_that_overflow_fp32_distances_are_refused_before_faiss(where):
+    """faiss aborts the process (exit 134) on such a table; a ValueError names the norm."""
+    x = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
+    init = x[:3].clone()
+    (x if where == "x" else init)[2, 1] = 3e38
+    with pytest.raises(ValueError, match=rf"kmeans: {where} has a row of norm 3e\+38 \(row 2\)"):
+        kmeans(x, 3, init=init, niter=2)
+    # the largest norm allowed (9.2e18: squared distances up to 3.4e38) still clusters
+    x[2] = torch.tensor([9e18, 0.0, 0.0, 0.0])
+    centroids, assignment = kmeans(x, 3, niter=2)
+    assert torch.isfinite(centroids).all() and assignment[2] != assignment[3]

@@ -59,3 +59,31 @@ def test_bad_quantizer_name_and_odd_pq_dimension():
     with pytest.raises(ValueError, match="must be even, got 7"):
         ProductQuantizer(4).check_dim(7)
     ResidualQuantizer(4).check_dim(7)
+
+
+@pytest.mark.parametrize("name", ["pq", "rq"])
+def test_reassign_gives_nearest_codes_and_revives_dead_codewords(name):
+    x = table(n=200, d=6, seed=1)
+    quantizer = make_quantizer(name, 5)
+    fitted, _ = quantizer.fit(x, niter=5)
+    dead = fitted.clone()
+    dead[:, 3] = 1e3  # codeword 3 of each codebook is far from every class: no class takes it
+    codebooks, codes = quantizer.reassign(x, dead)
+    assert dead[:, 3].eq(1e3).all()  # the input is left alone
+    for j in range(2):
+        assert torch.bincount(codes[:, j], minlength=5).min() >= 1, j
+        assert codebooks[j, 3].abs().max() < 10  # moved onto a (residual) class embedding
+    assert torch.equal(codes, quantizer.encode(x, codebooks))
+    untouched = [0, 1, 2, 4]
+    torch.testing.assert_close(codebooks[0, untouched], fitted[0, untouched])
+    # without dead codewords nothing moves: reassigning is encoding
+    same, same_codes = quantizer.reassign(x, fitted)
+    assert torch.equal(same, fitted) and torch.equal(same_codes, quantizer.encode(x, fitted))
+
+
+def test_reassign_of_a_two_point_table_keeps_the_two_codewords_it_can_fill():
+    x = torch.cat([torch.zeros(10, 4), torch.ones(10, 4)])
+    quantizer = make_quantizer("rq", 4)
+    codebooks, codes = quantizer.reassign(x, torch.full((2, 4, 4), 5.0))
+    assert torch.bincount(codes[:, 0], minlength=4).sort().values.tolist() == [0, 0, 10, 10]
+    torch.testing.assert_close(quantizer.decode(codes, codebooks), x)

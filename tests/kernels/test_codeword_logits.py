@@ -69,15 +69,88 @@ def test_half_precision_inputs_accumulate_in_fp32(dtype):
     assert ref.s1.dtype == torch.float32
 
 
+def assert_normalised(out, log_counts):
+    """P1 sums to one over k1, P2(. | k1) to one over k2 in every row drawn (P1 > 0), and rows
+    with ``log_psi = -inf`` (no class, or below the cut) are never drawn."""
+    p1 = out.log_p1.exp().double()
+    torch.testing.assert_close(p1.sum(-1), torch.ones(p1.shape[0], dtype=torch.float64))
+    log_psi = out.log_psi.nan_to_num(neginf=0.0)[:, :, None]
+    p2 = (log_counts + out.s2[:, None, :] - log_psi).double().exp().sum(-1)
+    drawn = p1 > 0
+    torch.testing.assert_close(p2[drawn], torch.ones(int(drawn.sum()), dtype=torch.float64))
+    assert not drawn[out.log_psi == -math.inf].any()
+
+
 def test_log_normalisers_define_the_proposal():
     z1, z2, c1, c2, log_counts = inputs(4, 5, 6, 6, seed=5)
     out = run_kernel(z1, z2, c1, c2, log_counts)
-    joint = out.s1[:, :, None] + out.s2[:, None, :] + log_counts - out.log_z[:, None, None]
-    torch.testing.assert_close(joint.exp().sum((1, 2)), torch.ones(4))
-    p2 = (log_counts + out.s2[:, None, :] - out.log_psi[:, :, None]).exp().sum(-1)
-    nonempty = torch.isfinite(out.log_psi)
-    torch.testing.assert_close(p2[nonempty], torch.ones(int(nonempty.sum())))
+    assert_normalised(out, log_counts)
     assert math.isinf(out.log_psi[0, 1]) and out.log_psi[0, 1] < 0
+    # P1 is the joint of Eq. (6) summed over k2, from the unshifted logits
+    joint = (z1 @ c1.T)[:, :, None] + (z2 @ c2.T)[:, None, :] + log_counts
+    torch.testing.assert_close(
+        out.log_p1.exp(), torch.softmax(joint.flatten(1), -1).view(joint.shape).sum(-1)
+    )
+
+
+@pytest.mark.parametrize("implementation", [run_kernel, codeword_logits_reference])
+def test_logits_are_shifted_to_the_best_live_codeword_and_dead_ones_are_minus_inf(
+    implementation,
+):
+    z1, z2, c1, c2, log_counts = inputs(6, 5, 4, 4, seed=6, empty_rows=(2,))
+    log_counts[:, 3] = -math.inf  # second codeword 3 holds no class
+    z1, z2 = z1.abs(), z2.abs()
+    c1[2], c2[3] = 50.0, 50.0  # the dead codewords score best
+    s1, s2 = z1 @ c1.T, z2 @ c2.T
+    out = implementation(z1, z2, c1, c2, log_counts)
+    live1 = torch.tensor([True, True, False, True, True])
+    live2 = torch.tensor([True, True, True, False, True])
+    for got, raw, live in ((out.s1, s1, live1), (out.s2, s2, live2)):
+        assert got[:, ~live].eq(-math.inf).all()
+        want = raw[:, live] - raw[:, live].amax(1, keepdim=True)
+        torch.testing.assert_close(got[:, live], want, atol=1e-4, rtol=1e-5)
+    assert_normalised(out, log_counts)
+
+
+@pytest.mark.parametrize("implementation", [run_kernel, codeword_logits_reference])
+@pytest.mark.parametrize("scale", [1e3, 1e30])
+def test_huge_queries_still_give_a_normalised_proposal(implementation, scale):
+    """Logits of 1e30: unshifted, log Z would round away the cell sizes (fp32 ulp ~ 1e23)."""
+    z1, z2, c1, c2, log_counts = inputs(8, 6, 5, 5, seed=7, empty_rows=(1, 4))
+    z1, z2 = scale * z1, scale * z2
+    out = implementation(z1, z2, c1, c2, log_counts)
+    assert_normalised(out, log_counts)
+    assert (out.log_p1.exp() > 0).sum(-1).min() >= 1
+
+
+def test_logits_beyond_fp32_are_clamped_not_infinite():
+    z1, z2, c1, c2, log_counts = inputs(3, 4, 6, 6, seed=8)
+    sign = torch.tensor([[1.0], [-1.0], [1.0]])  # one sign per query
+    z1, z2 = 1e38 * sign.expand(3, 6), 1e38 * sign.expand(3, 6)
+    c1, c2 = c1.abs() + 1, c2.abs() + 1  # every z . c overflows: +-inf without the clamp
+    assert (z1 @ c1.T).isinf().all()
+    for out in (
+        run_kernel(z1, z2, c1, c2, log_counts),
+        codeword_logits_reference(z1, z2, c1, c2, log_counts),
+    ):
+        assert not out.s1.isnan().any() and not out.log_p1.isnan().any()
+        assert_normalised(out, log_counts)
+
+
+@pytest.mark.parametrize("implementation", [run_kernel, codeword_logits_reference])
+def test_rows_below_e_minus_700_of_the_best_get_no_mass(implementation):
+    z1, z2, c1, c2, log_counts = inputs(2, 3, 2, 2, seed=9, empty_rows=())
+    log_counts = torch.tensor(
+        [[0.0, -math.inf, -math.inf], [-math.inf, 0.0, -math.inf], [-math.inf, -math.inf, 0.0]]
+    )
+    # s2 = (0, -650, -720) relative to the best: row 2's only cell is below e^-700 (though
+    # still above fp64's smallest number, e^-744)
+    z2 = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    c2 = torch.tensor([[0.0, 0.0], [-650.0, 0.0], [-720.0, 0.0]])
+    out = implementation(z1, z2, c1, c2, log_counts)
+    assert torch.isfinite(out.log_psi[:, :2]).all() and out.log_psi[:, 2].eq(-math.inf).all()
+    assert out.log_p1[:, 2].eq(-math.inf).all()
+    assert_normalised(out, log_counts)
 
 
 def test_dispatch_uses_the_reference_on_cpu():
@@ -92,8 +165,9 @@ def test_reference_cell_normalisers_equal_the_brute_force_log_sum_exp(scale):
     rows included, also where the logits spread far beyond fp32's exponent range."""
     z1, z2, c1, c2, log_counts = inputs(37, 12, 5, 6, seed=3, scale=scale, empty_rows=(1, 7))
     got = codeword_logits_reference(z1, z2, c1, c2, log_counts)
-    s2 = z2 @ c2.T
-    want = torch.logsumexp(s2.double()[:, None, :] + log_counts.double(), dim=-1).float()
+    s2 = (z2 @ c2.T).double()
+    s2 = s2 - s2[:, torch.isfinite(log_counts).any(0)].amax(1, keepdim=True)  # shifted (live max 0)
+    want = torch.logsumexp(s2[:, None, :] + log_counts.double(), dim=-1).float()
     assert got.log_psi[:, [1, 7]].eq(-math.inf).all()
     torch.testing.assert_close(got.log_psi, want, rtol=1e-5, atol=1e-4)
     # per-query weights [B, K, K] (MIDX's exact mode) take the brute-force path

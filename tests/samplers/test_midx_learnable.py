@@ -14,8 +14,12 @@ def setup(quantizer="rq", n=60, d=6, **kwargs):
     return sampler, emb, torch.randn(5, d, generator=g)
 
 
-def brute_force_loss(sampler, z, emb, ids):
-    """Section 6.2.3 written out over the classes ``ids``, no chunks."""
+def brute_force_loss(sampler, z, emb, ids, residual=True):
+    """MIDX-Learn's loss written out over the classes ``ids``, no chunks: Section 6.2.3's
+    reconstruction (a mean over classes where the paper sums) and KL terms with the soft encoder
+    ``w = softmax(q . c)``. Under RQ the second codebook encodes the residual ``q - first soft
+    codeword`` (our design, as RQ's hard codes do); ``residual=False`` is the paper's formula to
+    the letter, where both codebooks score ``q``."""
     codewords = sampler.codewords
     q = emb[ids]
     if sampler.quantizer.name == "pq":
@@ -25,7 +29,8 @@ def brute_force_loss(sampler, z, emb, ids):
         q_hat = torch.cat([w1 @ codewords[0], w2 @ codewords[1]], 1)
     else:
         first = torch.softmax(q @ codewords[0].T, -1) @ codewords[0]
-        q_hat = first + torch.softmax((q - first) @ codewords[1].T, -1) @ codewords[1]
+        second = q - first if residual else q
+        q_hat = first + torch.softmax(second @ codewords[1].T, -1) @ codewords[1]
     reconstruction = ((q_hat - q) ** 2).sum(1).mean()
     p = torch.softmax(z @ q.T, -1)
     p_hat = torch.softmax(z @ q_hat.T, -1)
@@ -34,7 +39,10 @@ def brute_force_loss(sampler, z, emb, ids):
 
 
 @pytest.mark.parametrize("quantizer", ["pq", "rq"])
-def test_full_auxiliary_loss_matches_the_paper_and_its_gradient(quantizer):
+def test_chunked_auxiliary_loss_equals_the_brute_force_soft_encoder_loss_and_gradient(quantizer):
+    """The chunked loss (PQ: per half; RQ: residual soft encoder) and its gradient equal the
+    brute force. Under RQ the paper's non-residual formula gives a loss 0.05 or more away, so a
+    non-residual encoder fails here; both terms weigh, so a wrong term fails too."""
     sampler, emb, z = setup(quantizer, kl_num_classes=None, kl_chunk_size=7, kl_weight=0.5)
     loss = sampler.auxiliary_loss(z, emb)
     (grad,) = torch.autograd.grad(loss, sampler.codewords)
@@ -42,6 +50,9 @@ def test_full_auxiliary_loss_matches_the_paper_and_its_gradient(quantizer):
     (expected_grad,) = torch.autograd.grad(expected, sampler.codewords)
     torch.testing.assert_close(loss, expected)
     torch.testing.assert_close(grad, expected_grad)
+    if quantizer == "rq":
+        literal = brute_force_loss(sampler, z, emb, torch.arange(60), residual=False)
+        assert (literal - expected).abs() > 0.05
 
 
 def test_subset_auxiliary_loss_uses_the_drawn_classes_and_skips_padding():
@@ -93,3 +104,24 @@ def test_non_learnable_auxiliary_loss_is_zero():
     loss = sampler.auxiliary_loss(torch.randn(2, 4), torch.randn(30, 4))
     assert loss.shape == () and float(loss) == 0.0
     assert list(sampler.parameters()) == []
+
+
+@pytest.mark.parametrize("quantizer", ["pq", "rq"])
+def test_refresh_reseeds_dead_learned_codewords_onto_the_worst_reconstructed_classes(quantizer):
+    """A learned codeword that no class takes any more is moved onto the class (or, for RQ's
+    second codebook, the residual) that its codebook reconstructs worst, so that MIDX-Learn does
+    not collapse onto fewer cells; the parameter itself is updated in place."""
+    sampler, emb, z = setup(quantizer)
+    parameter = sampler.codewords
+    with torch.no_grad():
+        sampler.codewords[0, 1] = 1e3  # no class is near codeword 1 of the first codebook
+    first_halves = sampler.quantizer.query_parts(emb)[0]
+    codes = sampler.quantizer.encode(emb, sampler.codewords.detach())
+    assert not (codes[:, 0] == 1).any()
+    errors = ((first_halves - sampler.codewords.detach()[0][codes[:, 0]]) ** 2).sum(1)
+    sampler.refresh(emb)
+    assert sampler.codewords is parameter
+    torch.testing.assert_close(sampler.codewords.detach()[0, 1], first_halves[errors.argmax()])
+    k1 = sampler.class_cells // 4
+    assert torch.bincount(k1, minlength=4).min() >= 1
+    torch.testing.assert_close(sampler.log_prob(z, torch.arange(60)).exp().sum(-1), torch.ones(5))
