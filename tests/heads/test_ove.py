@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fake_samplers import PerQueryOnly
+from precision_checks import assert_scored_like_fp32
 from scipy import stats
 
 from lightning_sampled.heads import OneVsEachHead
@@ -206,22 +207,8 @@ def test_importance_weights_use_the_proposal_and_drop_hits():
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 def test_queries_of_any_float_dtype_outside_autocast_give_the_fp32_loss(dtype, shared):
-    """Half-precision ``z`` is scored in fp32 (fp64 ``z`` in fp64): the sampled loss and the exact
-    bound equal those of the same values in fp32 to within 1e-6, where a bf16 / fp16 product
-    (logit errors ~1e-3) would not; the gradient comes back in ``z``'s dtype."""
+    """The sampled loss and the exact bound of half-precision ``z`` equal those of the same values
+    in fp32 (:func:`precision_checks.assert_scored_like_fp32`)."""
     head = make_head(300, 16, num_negatives=20, bias=True, shared_negatives=shared)
-    z = (3 * torch.randn(8, 16)).to(dtype).requires_grad_()
-    z32 = z.detach().float().requires_grad_()
-    y = torch.randint(300, (8,))
-    torch.manual_seed(1)
-    loss = head(z, y)
-    torch.manual_seed(1)
-    want = head(z32, y)
-    assert loss.dtype == torch.float32
-    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
-    (got_grad,) = torch.autograd.grad(loss, z)
-    (want_grad,) = torch.autograd.grad(want, z32)
-    assert got_grad.dtype == dtype
-    rounding = max(torch.finfo(dtype).eps, 1e-5)  # z's own rounding, fp32's for fp64
-    torch.testing.assert_close(got_grad.float(), want_grad, rtol=rounding, atol=1e-6)
+    z, z32, y = assert_scored_like_fp32(head, dtype)
     torch.testing.assert_close(head.bound_nll(z, y), head.bound_nll(z32, y), rtol=1e-6, atol=1e-6)
