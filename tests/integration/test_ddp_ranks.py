@@ -59,7 +59,8 @@ def draw_on_rank(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp_streams")
-    mp.start_processes(draw_on_rank, args=(free_port(), str(out)), nprocs=2, start_method="fork")
+    # spawn, not fork: a fork of a process whose OpenMP pool is running (any earlier test) hangs
+    mp.start_processes(draw_on_rank, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
