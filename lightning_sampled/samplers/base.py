@@ -153,6 +153,12 @@ def rank_generator(device: torch.device) -> torch.Generator | None:
     return torch.Generator(device=device).manual_seed(seed + dist.get_rank())
 
 
+def lookup(table: Tensor, ids: Tensor) -> Tensor:
+    """``table[ids]`` for a 1-D ``table`` and long ``ids`` of any shape, by ``index_select``:
+    on CPU 2.5-6x faster than advanced indexing for a draw's ``[B, M]`` ids."""
+    return table.index_select(0, ids.reshape(-1)).view(ids.shape)
+
+
 def skip_padding(ranks: Tensor, padding_idx: int | None) -> Tensor:
     """Maps ranks in ``[0, N - 1)`` onto the class ids ``[0, N)`` minus ``padding_idx``."""
     if padding_idx is None:

@@ -51,7 +51,7 @@ from ..kernels.codeword_logits import (
     codeword_logits_reference,
     codeword_weights,
 )
-from .base import Sample, Sampler, skip_padding
+from .base import Sample, Sampler, lookup, skip_padding
 from .conditional_draw import draw_from_used_rows
 
 _MODES = ("fast", "exact")
@@ -374,10 +374,10 @@ class MIDXSampler(Sampler):
 
     def _uniform_in_cell(self, cell: Tensor, u: Tensor) -> Tensor:
         """A class drawn uniformly from each ``cell`` ``[B, M]`` with uniforms ``u`` (fp64)."""
-        start = self.cell_offsets[cell]
-        count = self.cell_counts[cell]
+        start = lookup(self.cell_offsets, cell)
+        count = lookup(self.cell_counts, cell)
         offset = torch.minimum((u * count).long(), count - 1)
-        return self.cell_members[start + offset]
+        return lookup(self.cell_members, start + offset)
 
     def _residual_softmax_in_cell(
         self, cell: Tensor, u: Tensor, residual_logits: Tensor, log_weights: Tensor

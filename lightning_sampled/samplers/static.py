@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import Sample, Sampler, padding_to_rank, skip_padding
+from .base import Sample, Sampler, lookup, padding_to_rank, skip_padding
 
 
 class _StaticSampler(Sampler):
@@ -142,7 +142,7 @@ class UnigramSampler(_StaticSampler):
         return invert_cdf(self.cdf, self.guide, u.reshape(-1)).reshape(shape)
 
     def _log_q(self, ids: Tensor) -> Tensor:
-        return gather(self.log_probs, ids)
+        return lookup(self.log_probs, ids)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha}, floor={self.floor:.3g}"
@@ -185,18 +185,12 @@ def invert_cdf(cdf: Tensor, guide: Tensor, u: Tensor) -> Tensor:
         long ``[S]`` class ids.
     """
     n = cdf.numel()
-    ids = gather(guide, (u * n).long().clamp_(max=n - 1))
+    ids = lookup(guide, (u * n).long().clamp_(max=n - 1))
     for _ in range(_WALK_STEPS):
-        behind = gather(cdf, ids) <= u
+        behind = lookup(cdf, ids) <= u
         if not bool(behind.any()):
             return ids
         ids += behind
-    behind = (gather(cdf, ids) <= u).nonzero().squeeze(1)
+    behind = (lookup(cdf, ids) <= u).nonzero().squeeze(1)
     ids[behind] = torch.searchsorted(cdf, u[behind], right=True)
     return ids
-
-
-def gather(table: Tensor, ids: Tensor) -> Tensor:
-    """``table[ids]`` for a 1-D ``table`` and long ``ids`` of any shape, by ``index_select``:
-    on CPU about 2.5x faster than advanced indexing for scattered ids into a large table."""
-    return table.index_select(0, ids.reshape(-1)).reshape(ids.shape)
