@@ -11,7 +11,6 @@ import csv
 import ctypes
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import time
@@ -20,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from recipes import memory
+from recipes.memory import peak_rss_bytes
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -70,16 +72,6 @@ def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> tup
     return statistics.median(times), times
 
 
-def _proc_status_bytes(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def _trim_heap() -> None:
     """Hands memory that glibc's allocator keeps after ``free`` back to the kernel
     (``malloc_trim``), so that the resident set is live memory: otherwise a function that reuses
@@ -91,29 +83,10 @@ def _trim_heap() -> None:
 
 
 def reset_peak_rss() -> int:
-    """Resets the kernel's peak-RSS counter (Linux ``clear_refs``) after trimming the heap;
-    returns the current RSS.
-
-    Where that is unavailable the peak is not reset, and the returned baseline is the peak so far,
-    so a later :func:`peak_rss_bytes` difference can only under-count.
-    """
+    """:func:`recipes.memory.reset_peak_rss` after trimming the heap: returns the current RSS,
+    the baseline of a later :func:`peak_rss_bytes`."""
     _trim_heap()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        current = _proc_status_bytes("VmRSS")
-        if current is not None:
-            return current
-    except OSError:
-        pass
-    return peak_rss_bytes()
-
-
-def peak_rss_bytes() -> int:
-    """This process' peak resident set size since the last :func:`reset_peak_rss`, in bytes."""
-    peak = _proc_status_bytes("VmHWM")
-    if peak is not None:
-        return peak
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return memory.reset_peak_rss()
 
 
 def peak_extra_bytes(fn: Callable[[], Any], device: str) -> float:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import tempfile
 import time
 import warnings
@@ -40,29 +39,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from .cli import main
+from .memory import peak_rss_bytes, reset_peak_rss
 from .tables import markdown_table, write_csv
 
 CONFIGS = Path(__file__).parent / "configs"
-
-
-def reset_peak_rss() -> None:
-    """Resets the kernel's peak-RSS counter of this process (Linux ``clear_refs``; elsewhere the
-    peak is not reset and :func:`peak_rss_bytes` is the peak since the process started)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def peak_rss_bytes() -> int:
-    """This process' peak resident set size since the last :func:`reset_peak_rss`, in bytes."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class EpochRecord(L.Callback):
