@@ -129,9 +129,13 @@ class SampledSoftmaxHead(OutputHead):
         """
         m = self.num_negatives
         with torch.no_grad():
-            draw = self.sampler.sample(z.detach(), m, shared=self.shared_negatives)
             if self.corrects_positive:
-                pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])[:, 0]
+                draw, pos_log_q = self.sampler.sample_and_score(
+                    z.detach(), m, target[:, None], shared=self.shared_negatives
+                )
+                pos_log_q = pos_log_q[:, 0]
+            else:
+                draw = self.sampler.sample(z.detach(), m, shared=self.shared_negatives)
         pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
         log_m = math.log(m)
         neg = neg - (log_m + draw.log_q)

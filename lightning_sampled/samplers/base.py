@@ -84,16 +84,7 @@ class Sampler(nn.Module):
         Returns:
             ``Sample(ids, log_q)`` with shapes ``[B, M]`` (or ``[M]`` when ``shared``).
         """
-        check_positive_int("num_samples", num_samples)
-        if z.dim() != 2:
-            raise ValueError(f"z must be [B, D], got shape {tuple(z.shape)}")
-        if shared and not self.query_independent:
-            raise ValueError(
-                f"shared negatives need a query-independent proposal; {type(self).__name__} "
-                f"adapts to each query: use shared_negatives=False"
-            )
-        if generator is None and self.rank_offset:
-            generator = rank_generator(z.device)
+        generator = self._check_draw(z, num_samples, shared, generator)
         return self._sample(z, num_samples, shared, generator)
 
     def log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
@@ -109,6 +100,50 @@ class Sampler(nn.Module):
         """
         check_class_ids("ids", ids, self.num_classes)
         return self._log_prob(z, ids)
+
+    def sample_and_score(
+        self,
+        z: Tensor,
+        num_samples: int,
+        ids: Tensor,
+        *,
+        shared: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Sample, Tensor]:
+        """:meth:`sample` and :meth:`log_prob` of ``ids`` under the same proposal, in one pass.
+
+        A head that corrects its positive calls this instead of both: an adaptive sampler
+        computes its per-query proposal once (MIDX: the codeword logits) and scores the given
+        ids from the same numbers it draws from.
+
+        Args:
+            z: ``[B, D]`` queries.
+            num_samples: ``M``, draws per query (or per batch when ``shared``).
+            ids: long ``[B, K]`` or ``[K]`` ids to score, as in :meth:`log_prob`.
+            shared, generator: as in :meth:`sample`.
+
+        Returns:
+            ``(sample, log_q_of_ids)``: what :meth:`sample` and :meth:`log_prob` return.
+        """
+        generator = self._check_draw(z, num_samples, shared, generator)
+        check_class_ids("ids", ids, self.num_classes)
+        return self._sample_and_score(z, num_samples, ids, shared, generator)
+
+    def _check_draw(
+        self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
+    ) -> torch.Generator | None:
+        """Validates a draw's arguments; returns the generator to draw with."""
+        check_positive_int("num_samples", num_samples)
+        if z.dim() != 2:
+            raise ValueError(f"z must be [B, D], got shape {tuple(z.shape)}")
+        if shared and not self.query_independent:
+            raise ValueError(
+                f"shared negatives need a query-independent proposal; {type(self).__name__} "
+                f"adapts to each query: use shared_negatives=False"
+            )
+        if generator is None and self.rank_offset:
+            return rank_generator(z.device)
+        return generator
 
     def refresh(self, class_embeddings: Tensor) -> None:
         """Rebuilds index buffers from the ``[N, D]`` class table; a no-op for static samplers."""
@@ -131,6 +166,17 @@ class Sampler(nn.Module):
 
     def _log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
         raise NotImplementedError
+
+    def _sample_and_score(
+        self,
+        z: Tensor,
+        num_samples: int,
+        ids: Tensor,
+        shared: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[Sample, Tensor]:
+        """Two calls by default; adaptive samplers override it to share their proposal."""
+        return self._sample(z, num_samples, shared, generator), self._log_prob(z, ids)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, padding_idx={self.padding_idx}"

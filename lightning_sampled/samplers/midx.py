@@ -59,6 +59,9 @@ _RESIZABLE = ("codewords", "class_embeddings")
 _ROW_CHUNK = 1 << 16
 _MSE_ROWS = 1 << 16  # the logged quantisation error is measured on at most this many classes
 
+# A batch's proposal: codeword logits, cell log-weights and (exact mode) residual logits.
+Stage = tuple[CodewordLogits, Tensor, Tensor | None]
+
 
 class MIDXSampler(Sampler):
     """Adaptive proposal from a two-codebook inverted multi-index (MIDX).
@@ -300,7 +303,7 @@ class MIDXSampler(Sampler):
         k = self.codebook_size
         return self.cell_counts.view(k, k).float().log()
 
-    def _stage_logits(self, z: Tensor) -> tuple[CodewordLogits, Tensor, Tensor | None]:
+    def _stage_logits(self, z: Tensor) -> Stage:
         """Codeword logits and cell log-weights of queries ``z`` ``[B, D]``.
 
         Returns:
@@ -348,7 +351,30 @@ class MIDXSampler(Sampler):
         self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
     ) -> Sample:
         self._check_ready(z)
-        logits, log_weights, residual_logits = self._stage_logits(z)
+        return self._draw(self._stage_logits(z), z, num_samples, generator)
+
+    def _log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
+        self._check_ready(z)
+        return self._score(self._stage_logits(z), z, ids)
+
+    def _sample_and_score(
+        self,
+        z: Tensor,
+        num_samples: int,
+        ids: Tensor,
+        shared: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[Sample, Tensor]:
+        """The draw and the ids' ``log Q`` from one computation of the codeword logits."""
+        self._check_ready(z)
+        stage = self._stage_logits(z)
+        return self._draw(stage, z, num_samples, generator), self._score(stage, z, ids)
+
+    def _draw(
+        self, stage: Stage, z: Tensor, num_samples: int, generator: torch.Generator | None
+    ) -> Sample:
+        """``num_samples`` draws per query ``z`` ``[B, D]`` from its :meth:`_stage_logits`."""
+        logits, log_weights, residual_logits = stage
         batch, k = z.shape[0], self.codebook_size
         u = torch.rand(2, batch, num_samples, device=z.device, generator=generator)
         u_cell = torch.rand(
@@ -399,10 +425,10 @@ class MIDXSampler(Sampler):
         position = torch.searchsorted(cdf, before + u * mass, right=True)
         return members[torch.minimum(torch.maximum(position, start), end - 1)]
 
-    def _log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
-        self._check_ready(z)
+    def _score(self, stage: Stage, z: Tensor, ids: Tensor) -> Tensor:
+        """``log Q`` ``[B, K]`` of ids ``[B, K]`` or ``[K]`` from the queries' stage logits."""
         ids = (ids.expand(z.shape[0], -1) if ids.dim() == 1 else ids).long()
-        logits, log_weights, residual_logits = self._stage_logits(z)
+        logits, log_weights, residual_logits = stage
         if residual_logits is None:
             k = self.codebook_size
             cells = self.class_cells[ids]

@@ -194,6 +194,25 @@ def test_autocast_leaves_the_proposal_in_fp32(mode):
     torch.testing.assert_close(draw.log_q, expected.gather(1, draw.ids))
 
 
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_sample_and_score_scores_the_positive_from_the_draws_proposal(mode, quantizer, monkeypatch):
+    sampler = built(mode=mode, quantizer=quantizer, padding_idx=5)
+    z = table(4, 8, seed=1)
+    positives = torch.tensor([[0], [5], [119], [42]])  # 5 is the padding class: -inf
+    calls = []
+    stage_logits = sampler._stage_logits
+    monkeypatch.setattr(sampler, "_stage_logits", lambda q: calls.append(1) or stage_logits(q))
+    draw, log_q = sampler.sample_and_score(
+        z, 30, positives, generator=torch.Generator().manual_seed(3)
+    )
+    assert len(calls) == 1, "the codeword logits must be computed once for draw and score"
+    alone = sampler.sample(z, 30, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(draw.ids, alone.ids) and torch.equal(draw.log_q, alone.log_q)
+    torch.testing.assert_close(log_q, sampler.log_prob(z, positives))
+    assert log_q[1, 0] == -math.inf and torch.isfinite(log_q[[0, 2, 3]]).all()
+
+
 def test_log_prob_of_shared_ids_is_per_query():
     sampler = built()
     z = table(3, 8, seed=1)

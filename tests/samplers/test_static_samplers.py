@@ -59,6 +59,22 @@ def test_sample_log_q_agrees_with_log_prob(name, shared):
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("shared", [False, True])
+def test_sample_and_score_is_sample_plus_log_prob(name, shared):
+    sampler = SAMPLERS[name](0)
+    z = torch.randn(6, 3)
+    targets = torch.tensor([[1], [5], [36], [0], [9], [4]])
+    draw, log_q = sampler.sample_and_score(
+        z, 25, targets, shared=shared, generator=torch.Generator().manual_seed(0)
+    )
+    alone = sampler.sample(z, 25, shared=shared, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(draw.ids, alone.ids) and torch.equal(draw.log_q, alone.log_q)
+    torch.testing.assert_close(log_q, sampler.log_prob(z, targets))
+    with pytest.raises(IndexError, match="ids"):
+        sampler.sample_and_score(z, 5, torch.full((6, 1), N))
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
 def test_same_generator_seed_gives_same_draws(name):
     sampler = SAMPLERS[name](None)
     z = torch.zeros(4, 2)
