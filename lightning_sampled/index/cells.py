@@ -45,9 +45,9 @@ def build_cells(class_cells: Tensor, num_cells: int) -> Cells:
         :class:`Cells` whose ``members`` are the classes with a cell, grouped by cell.
     """
     indexed = (class_cells >= 0).nonzero().squeeze(1)
-    cells = class_cells[indexed]
+    cells = class_cells.index_select(0, indexed)
     order = torch.sort(cells, stable=True).indices
     counts = torch.bincount(cells, minlength=num_cells)
     offsets = torch.zeros(num_cells + 1, dtype=torch.long, device=class_cells.device)
     offsets[1:] = torch.cumsum(counts, dim=0)
-    return Cells(counts, offsets, indexed[order])
+    return Cells(counts, offsets, indexed.index_select(0, order))

@@ -1,8 +1,11 @@
 """k-means through faiss on a sample of the points, warm-started, with empty clusters re-seeded.
 
-faiss' ``Kmeans`` trains on a random sample of at most ``max_points_per_centroid * k`` points
-(faiss' own subsampling, default 256 per centroid as in faiss); every point is then assigned to
-its nearest centroid in row chunks. At a million classes and ``k = 32`` that trains on 8,192
+faiss' ``Kmeans`` trains on a seeded uniform sample (without replacement) of at most
+``max_points_per_centroid * k`` points (default 256 per centroid, faiss' own default cap, drawn
+here so that only the sample is ever copied); every point is then assigned to its nearest
+centroid in row chunks. The points may be a table or :class:`Points`, whose rows can be residuals
+``x - c[a]`` formed chunk by chunk (residual quantisation's second codebook never copies the
+table). At a million classes and ``k = 32`` that trains on 8,192
 points instead of a million, which makes a refresh cost about one pass over the table rather than
 ``niter`` passes, for a quantisation error within a few percent of training on every point
 (``max_points_per_centroid=None`` trains on all of them). A warm start (``init``) begins from the
@@ -38,30 +41,78 @@ MAX_NORM = math.sqrt(torch.finfo(torch.float32).max) / 2
 _ROW_CHUNK = 65536
 
 
-def nearest_centroid(x: Tensor, centroids: Tensor, chunk_size: int = 65536) -> Tensor:
+class Points:
+    """The rows k-means clusters: a table ``x`` ``[n, d]``, or its residuals
+    ``x - shift[which]`` (the second codebook of residual quantisation), formed chunk by chunk so
+    that no residual ``[n, d]`` copy of the table is ever allocated.
+
+    Args:
+        x: ``[n, d]`` table (any float dtype; rows come out fp32).
+        shift: optional ``[k, d]`` vectors subtracted from the rows.
+        which: long ``[n]``: the row of ``shift`` subtracted from each row of ``x``.
+    """
+
+    def __init__(self, x: Tensor, shift: Tensor | None = None, which: Tensor | None = None):
+        if (shift is None) != (which is None):
+            raise ValueError("Points needs both shift and which, or neither")
+        self.x = x.detach()
+        self.shift = None if shift is None else shift.detach().float()
+        self.which = which
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def take(self, ids: Tensor) -> Tensor:
+        """fp32 rows ``[len(ids), d]`` of the long ``ids`` ``[m]``."""
+        rows = self.x.index_select(0, ids).float()
+        if self.shift is not None:
+            rows -= self.shift.index_select(0, self.which.index_select(0, ids))
+        return rows
+
+    def chunks(self, chunk_size: int = _ROW_CHUNK) -> Iterator[tuple[int, Tensor]]:
+        """``(start, rows)``: consecutive fp32 chunks ``[<= chunk_size, d]`` of the rows."""
+        for start in range(0, self.x.shape[0], chunk_size):
+            rows = self.x[start : start + chunk_size].float()
+            if self.shift is not None:
+                which = self.which[start : start + chunk_size]
+                rows = rows - self.shift.index_select(0, which)
+            yield start, rows
+
+
+def as_points(x: Tensor | Points) -> Points:
+    """``x`` as :class:`Points` (a table ``[n, d]`` is wrapped, not copied)."""
+    return x if isinstance(x, Points) else Points(x)
+
+
+def nearest_centroid(x: Tensor | Points, centroids: Tensor, chunk_size: int = 65536) -> Tensor:
     """Index of the nearest centroid (squared Euclidean distance) of every row, in row chunks.
 
     Args:
-        x: ``[n, d]`` points.
+        x: ``[n, d]`` points (a table or :class:`Points`).
         centroids: ``[k, d]`` centroids.
-        chunk_size: rows per chunk; memory is ``O(chunk_size * k)``.
+        chunk_size: rows per chunk; memory is ``O(chunk_size * (k + d))``.
 
     Returns:
         long ``[n]`` centroid indices.
     """
-    centroids = centroids.to(device=x.device, dtype=torch.float32)
+    points = as_points(x)
+    centroids = centroids.to(device=points.device, dtype=torch.float32)
     half_norms = 0.5 * (centroids * centroids).sum(dim=1)
-    assignment = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
-    for start in range(0, x.shape[0], chunk_size):
-        rows = x[start : start + chunk_size].float()
+    assignment = torch.empty(points.shape[0], dtype=torch.long, device=points.device)
+    for start, rows in points.chunks(chunk_size):
         # argmin_k ||x - c_k||^2 = argmin_k (||c_k||^2 / 2 - x . c_k)
         scores = torch.addmm(half_norms, rows, centroids.T, alpha=-1.0)
-        torch.argmin(scores, dim=1, out=assignment[start : start + chunk_size])
+        torch.argmin(scores, dim=1, out=assignment[start : start + rows.shape[0]])
     return assignment
 
 
 def kmeans(
-    x: Tensor,
+    x: Tensor | Points,
     k: int,
     *,
     init: Tensor | None = None,
@@ -72,37 +123,41 @@ def kmeans(
     """Clusters the rows of ``x`` into ``k`` clusters with faiss, trained on a sample.
 
     Args:
-        x: ``[n, d]`` points (any device; faiss runs on CPU in fp32), ``n >= k``.
+        x: ``[n, d]`` points, a table or :class:`Points` (any device; faiss runs on CPU in
+            fp32), ``n >= k``.
         k: the number of clusters.
         init: optional ``[k, d]`` starting centroids (the previous refresh's, for a warm start).
         niter: Lloyd iterations.
-        seed: faiss' seed (also of its sample).
-        max_points_per_centroid: train on at most this many points per centroid, a random
-            sample drawn by faiss; ``None`` trains on every point.
+        seed: faiss' seed and the seed of the training sample.
+        max_points_per_centroid: train on at most this many points per centroid, a uniform
+            sample without replacement; ``None`` trains on every point.
 
     Returns:
         ``(centroids, assignment)``: fp32 ``[k, d]`` on ``x``'s device and long ``[n]``, the
         index of each point's nearest centroid.
 
     Raises:
-        ValueError: if ``x`` is not 2-D or has fewer than ``k`` rows, or if a point or a starting
-            centroid has a norm beyond :data:`MAX_NORM` (faiss' fp32 distances would overflow).
+        ValueError: if ``x`` is not 2-D or has fewer than ``k`` rows, holds NaN or infinite
+            values, or if a point or a starting centroid has a norm beyond :data:`MAX_NORM`
+            (faiss' fp32 distances would overflow).
     """
-    if x.dim() != 2 or x.shape[0] < k:
-        raise ValueError(f"kmeans needs at least k={k} points [n, d], got shape {tuple(x.shape)}")
-    check_norms("kmeans: x", x)
+    points = as_points(x)
+    if len(points.shape) != 2 or points.shape[0] < k:
+        raise ValueError(
+            f"kmeans needs at least k={k} points [n, d], got shape {tuple(points.shape)}"
+        )
+    check_norms("kmeans: x", points)
     if init is not None:
         check_norms("kmeans: init", init)
-    n, d = x.shape
-    points = np.ascontiguousarray(x.detach().float().cpu().numpy())
+    n, d = points.shape
+    sample = training_sample(n, k, max_points_per_centroid, seed, points.device)
+    train = points.take(sample).cpu().numpy()
     km = faiss.Kmeans(
         d,
         k,
         niter=niter,
         seed=seed,
-        max_points_per_centroid=(
-            math.ceil(n / k) + 1 if max_points_per_centroid is None else max_points_per_centroid
-        ),
+        max_points_per_centroid=math.ceil(train.shape[0] / k) + 1,  # faiss keeps them all
         min_points_per_centroid=1,
         verbose=False,
     )
@@ -110,10 +165,23 @@ def kmeans(
     if init is not None:
         start = np.ascontiguousarray(init.detach().float().cpu().numpy())
     with faiss_threads(torch.get_num_threads()):
-        km.train(points, init_centroids=start)
-    centroids = torch.from_numpy(km.centroids.copy()).to(x.device)
-    assignment = nearest_centroid(x, centroids)
-    return reseed_empty(x, centroids, assignment)
+        km.train(train, init_centroids=start)
+    centroids = torch.from_numpy(km.centroids.copy()).to(points.device)
+    assignment = nearest_centroid(points, centroids)
+    return reseed_empty(points, centroids, assignment)
+
+
+def training_sample(
+    n: int, k: int, max_points_per_centroid: int | None, seed: int, device: torch.device
+) -> Tensor:
+    """Sorted long ids ``[m]`` of the points k-means trains on: all ``n`` when
+    ``max_points_per_centroid`` is ``None`` or ``n <= k * max_points_per_centroid``, else a
+    uniform sample of ``k * max_points_per_centroid`` distinct points (seeded)."""
+    if max_points_per_centroid is None or n <= k * max_points_per_centroid:
+        return torch.arange(n, device=device)
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(n, generator=generator)[: k * max_points_per_centroid]
+    return chosen.sort().values.to(device)
 
 
 @contextmanager
@@ -127,21 +195,28 @@ def faiss_threads(num_threads: int) -> Iterator[None]:
         faiss.omp_set_num_threads(before)
 
 
-def check_norms(name: str, x: Tensor) -> None:
-    """Raises ``ValueError`` naming the largest row norm of ``x`` ``[n, d]`` if it exceeds
-    :data:`MAX_NORM`.
+def check_norms(name: str, x: Tensor | Points) -> None:
+    """Raises ``ValueError`` if ``x`` ``[n, d]`` (a table or :class:`Points`) holds a NaN or
+    infinite value (naming the first such row) or a row whose norm exceeds :data:`MAX_NORM`
+    (naming the largest norm and its row).
 
-    One pass of ``aminmax`` bounds the norms by ``sqrt(d) max |x|``; only a table that fails
-    that bound has its row norms computed (fp64, in row chunks).
+    One pass of ``aminmax`` does both for a sound table: NaN and infinities propagate to its
+    result, and it bounds the norms by ``sqrt(d) max |x|``. Only a table that fails a check is
+    searched for its offending row (norms in fp64).
     """
-    low, high = torch.aminmax(x.detach())
-    if float(torch.maximum(-low, high)) * math.sqrt(x.shape[1]) <= MAX_NORM:
+    points = as_points(x)
+    low, high = math.inf, -math.inf
+    for _, rows in points.chunks():
+        chunk_low, chunk_high = (float(v) for v in torch.aminmax(rows))
+        if not (math.isfinite(chunk_low) and math.isfinite(chunk_high)):
+            row = _first_non_finite_row(points)
+            kind = "NaN" if bool(points.take(torch.tensor([row])).isnan().any()) else "infinite"
+            raise ValueError(f"{name} contains {kind} values (row {row} of {tuple(points.shape)})")
+        low, high = min(low, chunk_low), max(high, chunk_high)
+    if max(-low, high) * math.sqrt(points.shape[1]) <= MAX_NORM:
         return
     norms = torch.cat(
-        [
-            torch.linalg.vector_norm(x[start : start + _ROW_CHUNK].double(), dim=1)
-            for start in range(0, x.shape[0], _ROW_CHUNK)
-        ]
+        [torch.linalg.vector_norm(rows.double(), dim=1) for _, rows in points.chunks()]
     )
     largest, row = torch.max(norms, dim=0)
     if float(largest) > MAX_NORM:
@@ -152,7 +227,18 @@ def check_norms(name: str, x: Tensor) -> None:
         )
 
 
-def reseed_empty(x: Tensor, centroids: Tensor, assignment: Tensor) -> tuple[Tensor, Tensor]:
+def _first_non_finite_row(points: Points) -> int:
+    """The first row of ``points`` holding a NaN or an infinity (there must be one)."""
+    for start, rows in points.chunks():
+        bad = ~torch.isfinite(rows).all(dim=1)
+        if bool(bad.any()):
+            return start + int(bad.nonzero()[0])
+    raise AssertionError("aminmax saw a non-finite value that no row holds")
+
+
+def reseed_empty(
+    x: Tensor | Points, centroids: Tensor, assignment: Tensor
+) -> tuple[Tensor, Tensor]:
     """Moves every centroid without a point onto a point its centroid represents worst.
 
     The empty centroids take the points with the largest squared distance to their own centroid
@@ -161,33 +247,34 @@ def reseed_empty(x: Tensor, centroids: Tensor, assignment: Tensor) -> tuple[Tens
     (duplicated points: nothing is left to split, and the remaining centroids stay empty).
 
     Args:
-        x: ``[n, d]`` points.
+        x: ``[n, d]`` points (a table or :class:`Points`).
         centroids: ``[k, d]`` fp32 centroids, changed in place.
         assignment: long ``[n]``: the nearest centroid of every point.
 
     Returns:
         ``(centroids, assignment)``, the latter the nearest centroid of every point.
     """
+    points = as_points(x)
     k = centroids.shape[0]
     for _ in range(_MAX_RESEED_ROUNDS):
         empty = (torch.bincount(assignment, minlength=k) == 0).nonzero().squeeze(1)
         if empty.numel() == 0:
             break
-        errors = _squared_errors(x, centroids, assignment)
+        errors = _squared_errors(points, centroids, assignment)
         worst = errors.topk(min(empty.numel(), errors.numel()))
         chosen = worst.values > 0
         if not bool(chosen.any()):
             break
-        centroids[empty[chosen]] = x[worst.indices[chosen]].float()
-        assignment = nearest_centroid(x, centroids)
+        centroids[empty[chosen]] = points.take(worst.indices[chosen])
+        assignment = nearest_centroid(points, centroids)
     return centroids, assignment
 
 
-def _squared_errors(x: Tensor, centroids: Tensor, assignment: Tensor) -> Tensor:
+def _squared_errors(points: Points, centroids: Tensor, assignment: Tensor) -> Tensor:
     """``||x_i - centroids[assignment_i]||^2`` ``[n]`` fp32, in row chunks."""
-    errors = torch.empty(x.shape[0], device=x.device)
-    for start in range(0, x.shape[0], _ROW_CHUNK):
-        end = start + _ROW_CHUNK
-        diff = x[start:end].float() - centroids[assignment[start:end]]
+    errors = torch.empty(points.shape[0], device=points.device)
+    for start, rows in points.chunks():
+        end = start + rows.shape[0]
+        diff = rows - centroids.index_select(0, assignment[start:end])
         errors[start:end] = (diff * diff).sum(dim=1)
     return errors

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .kmeans import kmeans, nearest_centroid, reseed_empty
+from .kmeans import Points, kmeans, nearest_centroid, reseed_empty
 
 _ROW_CHUNK = 1 << 18
 
@@ -91,10 +91,11 @@ class Quantizer(ABC):
 
     @abstractmethod
     def _by_codebook(
-        self, x: Tensor, cluster: Callable[[Tensor, int], tuple[Tensor, Tensor]]
+        self, x: Tensor, cluster: Callable[[Tensor | Points, int], tuple[Tensor, Tensor]]
     ) -> tuple[Tensor, Tensor]:
         """Builds both codebooks with ``cluster(points [n, D'], j) -> (codebook [K, D'],
-        assignment [n])`` on the points that codebook ``j`` quantises.
+        assignment [n])`` on the points that codebook ``j`` quantises (a table, or
+        :class:`~lightning_sampled.index.kmeans.Points` for residuals).
 
         Returns:
             ``(codebooks [2, K, D'], codes [n, 2])``.
@@ -156,7 +157,10 @@ class ProductQuantizer(Quantizer):
         return torch.stack([c1, c2]), torch.stack([a1, a2], dim=1)
 
     def decode(self, codes: Tensor, codebooks: Tensor) -> Tensor:
-        return torch.cat([codebooks[0][codes[:, 0]], codebooks[1][codes[:, 1]]], dim=-1)
+        return torch.cat(
+            [codebooks[0].index_select(0, codes[:, 0]), codebooks[1].index_select(0, codes[:, 1])],
+            dim=-1,
+        )
 
     def _encode_rows(self, x: Tensor, codebooks: Tensor) -> Tensor:
         x1, x2 = self.query_parts(x)
@@ -182,16 +186,15 @@ class ResidualQuantizer(Quantizer):
 
     def _by_codebook(self, x, cluster):
         c1, a1 = cluster(x, 0)
-        residual = c1[a1].sub_(x).neg_()  # x - c1[a1] without a second [n, D] temporary
-        c2, a2 = cluster(residual, 1)
+        c2, a2 = cluster(Points(x, c1, a1), 1)  # the residuals x - c1[a1], chunk by chunk
         return torch.stack([c1, c2]), torch.stack([a1, a2], dim=1)
 
     def decode(self, codes: Tensor, codebooks: Tensor) -> Tensor:
-        return codebooks[0][codes[:, 0]] + codebooks[1][codes[:, 1]]
+        return codebooks[0].index_select(0, codes[:, 0]) + codebooks[1].index_select(0, codes[:, 1])
 
     def _encode_rows(self, x: Tensor, codebooks: Tensor) -> Tensor:
         a1 = nearest_centroid(x, codebooks[0])
-        a2 = nearest_centroid(x.float() - codebooks[0][a1], codebooks[1])
+        a2 = nearest_centroid(x.float() - codebooks[0].index_select(0, a1), codebooks[1])
         return torch.stack([a1, a2], dim=1)
 
     def soft_decode(self, x: Tensor, codebooks: Tensor) -> Tensor:

@@ -56,7 +56,6 @@ from .conditional_draw import draw_from_used_rows
 
 _MODES = ("fast", "exact")
 _RESIZABLE = ("codewords", "class_embeddings")
-_ROW_CHUNK = 1 << 16
 _MSE_ROWS = 1 << 16  # the logged quantisation error is measured on at most this many classes
 
 # A batch's proposal: codeword logits, cell log-weights and (exact mode) residual logits.
@@ -235,20 +234,6 @@ class MIDXSampler(Sampler):
         if self.dim is not None and x.shape[1] != self.dim:
             raise ValueError(f"class_embeddings must have D = dim = {self.dim}, got {x.shape[1]}")
         self.quantizer.check_dim(x.shape[1])
-        # In row chunks: a whole-table isfinite() would cost twice the table's memory. A chunk
-        # whose sum is finite has only finite entries; others are searched row by row.
-        for start in range(0, x.shape[0], _ROW_CHUNK):
-            chunk = x[start : start + _ROW_CHUNK]
-            if bool(torch.isfinite(chunk.sum(dtype=torch.float64))):
-                continue
-            bad = ~torch.isfinite(chunk).all(dim=1)
-            if bool(bad.any()):
-                row = start + int(bad.nonzero()[0])
-                kind = "NaN" if bool(x[row].isnan().any()) else "infinite"
-                raise ValueError(
-                    f"MIDXSampler.refresh: class_embeddings contains {kind} values (row {row} of "
-                    f"{tuple(x.shape)}); the index cannot be built"
-                )
         check_norms("MIDXSampler.refresh: class_embeddings", x)
         return x.float()
 

@@ -1,11 +1,13 @@
-"""k-means through faiss: every point used, warm start, empty clusters re-seeded."""
+"""k-means through faiss: sampled training, warm start, re-seeding, residual points."""
+
+import math
 
 import faiss
 import pytest
 import torch
 
-from lightning_sampled.index import kmeans, nearest_centroid
-from lightning_sampled.index.kmeans import reseed_empty
+from lightning_sampled.index import check_norms, kmeans, nearest_centroid
+from lightning_sampled.index.kmeans import Points, reseed_empty, training_sample
 
 
 def blobs(n_per: int, centers: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -125,3 +127,55 @@ def test_norms_that_overflow_fp32_distances_are_refused_before_faiss(where):
     x[2] = torch.tensor([9e18, 0.0, 0.0, 0.0])
     centroids, assignment = kmeans(x, 3, niter=2)
     assert torch.isfinite(centroids).all() and assignment[2] != assignment[3]
+
+
+def residual_points(n: int = 600, d: int = 5, seed: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    shift = torch.randn(7, d, generator=g)
+    which = torch.randint(0, 7, (n,), generator=g)
+    return Points(x, shift, which), x - shift[which]
+
+
+def test_points_form_residuals_chunk_by_chunk_and_by_id():
+    points, residuals = residual_points()
+    chunks = list(points.chunks(chunk_size=128))
+    assert [start for start, _ in chunks] == [0, 128, 256, 384, 512]
+    torch.testing.assert_close(torch.cat([rows for _, rows in chunks]), residuals)
+    ids = torch.tensor([599, 0, 17, 17])
+    torch.testing.assert_close(points.take(ids), residuals[ids])
+    with pytest.raises(ValueError, match="both shift and which"):
+        Points(residuals, shift=torch.zeros(1, 5))
+
+
+def test_kmeans_of_points_equals_kmeans_of_the_materialised_residuals():
+    points, residuals = residual_points(n=3000)
+    # capped: both train on the same seeded sample; uncapped: on every point
+    for cap in (16, None):
+        got = kmeans(points, 6, niter=8, seed=2, max_points_per_centroid=cap)
+        expected = kmeans(residuals, 6, niter=8, seed=2, max_points_per_centroid=cap)
+        torch.testing.assert_close(got[0], expected[0])
+        assert torch.equal(got[1], expected[1])
+    assert torch.equal(nearest_centroid(points, got[0], chunk_size=100), got[1])
+
+
+def test_training_sample_is_a_distinct_seeded_sample_only_beyond_the_cap():
+    assert torch.equal(training_sample(50, 4, 16, 0, torch.device("cpu")), torch.arange(50))
+    assert torch.equal(training_sample(50, 4, None, 0, torch.device("cpu")), torch.arange(50))
+    sample = training_sample(1000, 4, 16, 3, torch.device("cpu"))
+    assert sample.numel() == 64 and sample.unique().numel() == 64
+    assert torch.equal(sample, sample.sort().values)
+    assert torch.equal(sample, training_sample(1000, 4, 16, 3, torch.device("cpu")))
+    assert not torch.equal(sample, training_sample(1000, 4, 16, 4, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("value, kind", [(math.nan, "NaN"), (math.inf, "infinite")])
+def test_a_non_finite_value_past_the_first_chunk_is_named_with_its_row(value, kind):
+    x = torch.randn(70_000, 2, generator=torch.Generator().manual_seed(0))
+    x[69_999, 1] = value  # the second chunk of 65,536 rows: each chunk must be checked
+    with pytest.raises(ValueError, match=rf"t contains {kind} values \(row 69999 of"):
+        check_norms("t", x)
+    # residuals: every row is 0 - x[69_999], non-finite from row 0
+    points = Points(torch.zeros(70_000, 2), x[69_999:], torch.zeros(70_000, dtype=torch.long))
+    with pytest.raises(ValueError, match=rf"r contains {kind} values \(row 0 of"):
+        check_norms("r", points)
