@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from .._validation import (
     check_class_ids,
     check_finite,
+    check_finite_number,
     check_int,
     check_padding_idx,
     check_positive_int,
@@ -25,6 +26,9 @@ from .chunked import (
     compute_dtype,
     in_compute_dtype,
     resolve_chunk_size,
+    scored_rows,
+    unit_rows,
+    widened,
 )
 
 
@@ -32,9 +36,22 @@ class OutputHead(nn.Module):
     """Base of all heads: a class table ``[N, D]`` (owned or tied), an optional bias, and exact
     chunked scoring.
 
-    Subclasses define ``forward(z, target)``, the scalar training objective (sampled for sampled
-    heads). The exact methods below never hold more than ``[T, chunk_size]`` logits unless the
-    caller asks for :meth:`logits`.
+    Subclasses define ``forward(z, target, sample_weight=None)``, the scalar training objective
+    (sampled for sampled heads). The exact methods below never hold more than ``[T, chunk_size]``
+    logits unless the caller asks for :meth:`logits`.
+
+    Scores: the logit of class ``c`` for a query ``z`` is ``q . v_c + b_c`` with
+    ``q = normalize(z) / temperature`` (:meth:`score_queries`) and ``v_c = normalize(w_c)``
+    (:func:`~lightning_sampled.heads.chunked.scored_rows`), where ``normalize`` divides by the L2
+    norm only when ``normalize=True``; the bias is not scaled. Every path uses these two
+    transforms: the training losses (through :meth:`class_rows` and the exact chunked
+    cross-entropy), :meth:`logits`, :meth:`log_prob`, :meth:`full_loss` and :meth:`topk`. The
+    class vectors are normalised one chunk (or one gathered batch of rows) at a time, never as an
+    ``[N, D]`` copy.
+
+    Sample weights: ``forward`` and :meth:`full_loss` take ``sample_weight`` ``[...]`` (the shape
+    of ``target``), non-negative; the loss is then ``sum(w * loss) / sum(w)`` over the scored
+    positions (those whose target is not ``ignore_index``), which must not all have weight 0.
 
     Precision: ``z`` may come in any float dtype, under autocast or not, whatever the dtype of the
     class table. Every product of queries and class vectors runs in :func:`compute_dtype` of
@@ -47,12 +64,23 @@ class OutputHead(nn.Module):
         dim: ``D``, the size of the query vectors ``z``.
         weight: an existing ``[N, D]`` ``nn.Parameter`` to tie to (e.g. SASRec's item embedding);
             a new one is created when ``None``.
-        bias: whether to learn a per-class bias.
+        bias: ``True`` to learn a new per-class bias, ``False`` for none, or an existing ``[N]``
+            ``nn.Parameter`` to tie to (e.g. ``nn.Linear(D, N).bias``).
         padding_idx: a class that is never sampled nor predicted (its logit is ``-inf``).
         ignore_index: target value of positions to skip.
         chunk_size: classes per chunk in the exact methods; by default as many as keep one
             ``[T, C]`` block of logits within 2^24 elements (64 MiB), at least 1024.
+        temperature: ``> 0``; the query is divided by it (so are the logits, but not the bias).
+            Settable later as :attr:`logit_temperature` (e.g. by ``TemperatureSchedule``).
+        normalize: score the cosine of the query and the class vector (both L2-normalised).
+        label_smoothing: in ``[0, 1)``; only heads whose objective is the full softmax
+            (:class:`~lightning_sampled.heads.FullSoftmaxHead`) accept a value other than 0.
     """
+
+    #: whether the training objective implements ``label_smoothing`` (only the full softmax does)
+    supports_label_smoothing: bool = False
+    #: the constructor argument that sets :attr:`logit_temperature` (for ``repr``)
+    temperature_argument: str = "temperature"
 
     def __init__(
         self,
@@ -60,10 +88,13 @@ class OutputHead(nn.Module):
         dim: int,
         *,
         weight: nn.Parameter | None = None,
-        bias: bool = False,
+        bias: bool | nn.Parameter = False,
         padding_idx: int | None = None,
         ignore_index: int = -100,
         chunk_size: int | None = None,
+        temperature: float = 1.0,
+        normalize: bool = False,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
         self.num_classes = check_positive_int("num_classes", num_classes)
@@ -90,8 +121,40 @@ class OutputHead(nn.Module):
                 f"weight must have shape ({num_classes}, {dim}), got {tuple(weight.shape)}"
             )
         self.weight = weight
-        self.bias = nn.Parameter(torch.zeros(num_classes)) if bias else None
+        self.bias = make_bias(bias, num_classes)
+        self.logit_temperature = temperature
+        if not isinstance(normalize, bool):
+            raise ValueError(f"normalize must be a bool, got {normalize!r}")
+        self.normalize = normalize
+        self.label_smoothing = check_label_smoothing(label_smoothing)
+        if self.label_smoothing and not self.supports_label_smoothing:
+            raise ValueError(
+                f"label_smoothing is not supported by {type(self).__name__}, got "
+                f"{label_smoothing!r}: a sampled objective scores the target and a few sampled "
+                f"classes only, so the uniform share over all N classes has no sampled "
+                f"counterpart; use FullSoftmaxHead for label smoothing"
+            )
         self._sparse_grad = False
+
+    @property
+    def logit_temperature(self) -> float:
+        """The temperature of the logits, ``> 0`` and finite (see the class docstring)."""
+        return self._logit_temperature
+
+    @logit_temperature.setter
+    def logit_temperature(self, value: float) -> None:
+        self._logit_temperature = check_finite_number(
+            self.temperature_argument, value, minimum=0.0, strict=True
+        )
+
+    @property
+    def temperature(self) -> float:
+        """The ``temperature`` argument: :attr:`logit_temperature`."""
+        return self.logit_temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self.logit_temperature = value
 
     @property
     def sparse_grad(self) -> bool:
@@ -132,8 +195,9 @@ class OutputHead(nn.Module):
         """Validates ``z`` ``[..., D]`` and ``target`` ``[...]`` and keeps the scored positions.
 
         Returns:
-            ``(z_valid [T, D], target_valid [T], mask [...])`` where ``mask`` marks the positions
-            whose target is not ``ignore_index``.
+            ``(queries [T, D], target_valid [T], mask [...])`` where ``mask`` marks the positions
+            whose target is not ``ignore_index`` and ``queries`` are those positions' ``z`` as
+            the head scores them (:meth:`score_queries`).
         """
         self._check_z(z)
         if tuple(target.shape) != tuple(z.shape[:-1]):
@@ -149,28 +213,77 @@ class OutputHead(nn.Module):
             padding_idx=self.padding_idx,
         )
         mask = target != self.ignore_index
-        return z[mask], target[mask].long(), mask
+        return self.score_queries(z[mask]), target[mask].long(), mask
+
+    def _valid_weights(
+        self, sample_weight: Tensor | None, target: Tensor, mask: Tensor
+    ) -> Tensor | None:
+        """Validates ``sample_weight`` ``[...]`` (the shape of ``target``) and keeps the scored
+        positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given."""
+        if sample_weight is None:
+            return None
+        if not isinstance(sample_weight, Tensor) or sample_weight.shape != target.shape:
+            shape = (
+                tuple(sample_weight.shape)
+                if isinstance(sample_weight, Tensor)
+                else type(sample_weight).__name__
+            )
+            raise ValueError(
+                f"sample_weight must be a tensor of shape {tuple(target.shape)} (that of "
+                f"target), got {shape}"
+            )
+        if sample_weight.dtype == torch.bool or sample_weight.is_complex():
+            raise ValueError(f"sample_weight must be real numbers, got dtype {sample_weight.dtype}")
+        weights = sample_weight.float()
+        check_finite("sample_weight", weights)
+        if bool((weights < 0).any()):
+            raise ValueError(
+                f"sample_weight must be non-negative, got {float(weights.min()):g} (shape "
+                f"{tuple(weights.shape)})"
+            )
+        weights = weights[mask]
+        if weights.numel() and not bool((weights > 0).any()):
+            raise ValueError(
+                f"sample_weight is 0 at all {weights.numel()} scored positions (targets other "
+                f"than ignore_index={self.ignore_index}): the weighted mean is undefined"
+            )
+        return weights
+
+    def score_queries(self, z: Tensor) -> Tensor:
+        """Queries ``[..., D]`` as this head scores them: ``normalize(z) / temperature``.
+
+        Logits are ``score_queries(z) . scored_rows(w) + b``; sampled heads give their sampler
+        these queries (detached), so a query-dependent proposal (MIDX) scores what the head does.
+        Returns ``z`` itself with the defaults, else fp32 (fp64 for fp64 ``z``), differentiable.
+        """
+        if self.normalize:
+            z = unit_rows(z)
+        if self.logit_temperature != 1.0:
+            z = widened(z) / self.logit_temperature
+        return z
 
     def chunk_for(self, num_rows: int) -> int:
         """Classes per chunk when scoring ``num_rows`` queries (see ``chunk_size``)."""
         return resolve_chunk_size(self.chunk_size, num_rows, self.num_classes)
 
     def class_rows(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Gathers class vectors ``[*ids.shape, D]`` and biases ``[*ids.shape]`` (or ``None``).
+        """Gathers class vectors ``[*ids.shape, D]`` (unit vectors when ``normalize``) and biases
+        ``[*ids.shape]`` (or ``None``).
 
         The one place where heads read rows of the class table. ``F.embedding``'s backward
         accumulates the dense ``[N, D]`` gradient faster than indexing's ``index_put_``; with
         ``self.sparse_grad`` the table's gradient is a sparse COO tensor over the touched rows.
         """
         rows = F.embedding(ids, self.weight, sparse=self.sparse_grad)
+        rows = scored_rows(rows, self.normalize)
         return rows, None if self.bias is None else self.bias[ids]
 
     def candidate_logits(self, z: Tensor, ids: Tensor) -> Tensor:
-        """fp32 logits ``z . w_c + b_c`` of candidate classes, gathered through
+        """fp32 logits ``z . v_c + b_c`` of candidate classes, gathered through
         :meth:`class_rows`; the products run in :func:`compute_dtype` of ``z`` (class docstring).
 
         Args:
-            z: ``[T, D]`` queries.
+            z: ``[T, D]`` queries from :meth:`score_queries` (as :meth:`_valid_rows` returns).
             ids: long ``[M]`` (the same candidates for every query) or ``[T, M]`` (per query).
 
         Returns:
@@ -194,7 +307,7 @@ class OutputHead(nn.Module):
         instead of two, which at large ``N`` is most of a sampled step's cost.
 
         Args:
-            z: ``[T, D]`` queries.
+            z: ``[T, D]`` queries from :meth:`score_queries` (as :meth:`_valid_rows` returns).
             target: long ``[T]``.
             ids: long ``[M]`` (shared candidates) or ``[T, M]`` (per query).
 
@@ -215,45 +328,87 @@ class OutputHead(nn.Module):
 
     # -- exact methods ----------------------------------------------------------------------------
 
+    def class_table(self) -> Tensor:
+        """The ``[N, D]`` class vectors that every exact method scores: ``self.weight`` here.
+
+        Heads whose class vectors are derived from their parameters (e.g. CANE's path sums)
+        override it, differentiably, so that the exact methods score the model they train.
+        """
+        return self.weight
+
     def logits(self, z: Tensor) -> Tensor:
         """Exact fp32 logits ``[..., N]`` of queries ``z`` ``[..., D]`` (padding class ``-inf``).
 
         Materialises ``[..., N]``: prefer :meth:`topk` or :meth:`log_prob` at large ``N``.
         """
         self._check_z(z)
-        flat = z.reshape(-1, self.dim)
+        flat = self.score_queries(z.reshape(-1, self.dim))
         dtype = compute_dtype(flat)
+        table = self.class_table()
         parts = [
-            chunk_logits(flat, self.weight, self.bias, start, end, self.padding_idx, dtype)
+            chunk_logits(
+                flat,
+                table,
+                self.bias,
+                start,
+                end,
+                self.padding_idx,
+                dtype,
+                normalize=self.normalize,
+            )
             for start, end in class_chunks(self.num_classes, self.chunk_for(flat.shape[0]))
         ]
         return torch.cat(parts, dim=1).reshape(*z.shape[:-1], self.num_classes)
 
     def log_prob(self, z: Tensor, target: Tensor) -> Tensor:
-        """Exact ``log softmax(z W^T + b)[target]``, fp32 ``[...]``, differentiable.
+        """Exact ``log softmax(logits)[target]``, fp32 ``[...]``, differentiable.
 
         Positions whose target is ``ignore_index`` get ``0``.
         """
-        z_valid, y, mask = self._valid_rows(z, target)
+        queries, y, mask = self._valid_rows(z, target)
         out = torch.zeros(target.shape, device=z.device, dtype=torch.float32)
         if y.numel():
-            chunk = self.chunk_for(y.numel())
-            nll = chunked_nll(z_valid, self.weight, self.bias, y, chunk, self.padding_idx)
-            out = out.masked_scatter(mask, -nll)
+            out = out.masked_scatter(mask, -self._exact_losses(queries, y))
         return out
 
-    def full_loss(self, z: Tensor, target: Tensor) -> Tensor:
-        """Mean exact negative log-likelihood over the positions not ``ignore_index``.
+    def full_loss(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
+        """Mean exact negative log-likelihood over the positions not ``ignore_index``, weighted
+        by ``sample_weight`` ``[...]`` when given (class docstring); never label-smoothed.
 
         Returns a differentiable scalar; ``0`` (still attached to the graph) if every position is
         ignored, where ``F.cross_entropy`` would return NaN.
         """
-        z_valid, y, _ = self._valid_rows(z, target)
+        return self._exact_loss(z, target, sample_weight)
+
+    def _exact_losses(
+        self, queries: Tensor, target: Tensor, label_smoothing: float = 0.0
+    ) -> Tensor:
+        """Exact per-row cross-entropy ``[T]`` (fp32) of scored queries ``[T, D]`` and targets
+        ``[T]``, label-smoothed over the classes other than ``padding_idx`` when asked."""
+        return chunked_nll(
+            queries,
+            self.class_table(),
+            self.bias,
+            target,
+            self.chunk_for(target.numel()),
+            self.padding_idx,
+            normalize=self.normalize,
+            label_smoothing=label_smoothing,
+        )
+
+    def _exact_loss(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None,
+        label_smoothing: float = 0.0,
+    ) -> Tensor:
+        """The (weighted) mean of :meth:`_exact_losses` over the scored positions; a scalar."""
+        queries, y, mask = self._valid_rows(z, target)
+        weights = self._valid_weights(sample_weight, target, mask)
         if y.numel() == 0:
             return z.sum() * 0.0
-        chunk = self.chunk_for(y.numel())
-        nll = chunked_nll(z_valid, self.weight, self.bias, y, chunk, self.padding_idx)
-        return nll.mean()
+        return weighted_mean(self._exact_losses(queries, y, label_smoothing), weights)
 
     @torch.no_grad()
     def topk(self, z: Tensor, k: int, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -271,7 +426,7 @@ class OutputHead(nn.Module):
         """
         self._check_z(z)
         self._check_k(k)
-        flat = z.reshape(-1, self.dim)
+        flat = self.score_queries(z.reshape(-1, self.dim))
         if exclude is not None:
             if exclude.dim() < 1 or tuple(exclude.shape[:-1]) != tuple(z.shape[:-1]):
                 raise ValueError(
@@ -283,12 +438,13 @@ class OutputHead(nn.Module):
             exclude = exclude.long()
         values, indices = chunked_topk(
             flat,
-            self.weight,
+            self.class_table(),
             self.bias,
             k,
             self.chunk_for(flat.shape[0]),
             self.padding_idx,
             exclude,
+            normalize=self.normalize,
         )
         return values.reshape(*z.shape[:-1], k), indices.reshape(*z.shape[:-1], k)
 
@@ -306,7 +462,10 @@ class OutputHead(nn.Module):
         """Top-``k`` classes and probabilities by AdaptiveSoftmax, reading part of the table.
 
         With probability ``>= 1 - delta`` per query the classes are the exact top-``k`` of
-        ``softmax((z W^T + b) / temperature)`` and each probability is within ``(1 +- eps)``.
+        ``softmax(logits / temperature)`` and each probability is within ``(1 +- eps)``, where
+        ``logits`` are the head's (so ``z`` is divided by :attr:`logit_temperature` first, and
+        ``temperature`` here is a further one of this call). Not available with
+        ``normalize=True`` (``ValueError``): AdaptiveSoftmax reads the raw class table.
         The bias is added exactly; ``padding_idx`` is never returned. The
         :class:`~lightning_sampled.inference.AdaptiveSoftmax` over this head's table is cached on
         the head (not in its state dict; it holds a transposed copy of the table, as much memory
@@ -328,11 +487,17 @@ class OutputHead(nn.Module):
         """
         self._check_z(z)
         self._check_k(k)
-        key = (id(self.weight), id(self.bias), self.padding_idx, eps, delta, temperature)
+        if self.normalize:
+            raise ValueError(
+                "adaptive_topk does not support normalize=True: AdaptiveSoftmax samples products "
+                "with the raw class table, not its unit rows; use topk (exact) instead"
+            )
+        table = self.class_table()
+        key = (id(table), id(self.bias), self.padding_idx, eps, delta, temperature)
         cached = self.__dict__.get("_adaptive_softmax")
         if cached is None or cached[0] != key:
             module = AdaptiveSoftmax(
-                self.weight,
+                table,
                 temperature,
                 eps,
                 delta,
@@ -342,8 +507,9 @@ class OutputHead(nn.Module):
             cached = self.__dict__["_adaptive_softmax"] = (key, module)
         generator = None
         if seed is not None:
-            generator = torch.Generator(device=self.weight.device).manual_seed(seed)
-        result = cached[1].topk(z.reshape(-1, self.dim), k, generator=generator)
+            generator = torch.Generator(device=table.device).manual_seed(seed)
+        queries = self.score_queries(z.reshape(-1, self.dim))
+        result = cached[1].topk(queries, k, generator=generator)
         batch = z.shape[:-1]
         return AdaptiveResult(
             result.indices.reshape(*batch, k),
@@ -355,5 +521,38 @@ class OutputHead(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"num_classes={self.num_classes}, dim={self.dim}, bias={self.bias is not None}, "
-            f"padding_idx={self.padding_idx}, ignore_index={self.ignore_index}"
+            f"padding_idx={self.padding_idx}, ignore_index={self.ignore_index}, "
+            f"{self.temperature_argument}={self.logit_temperature:g}, normalize={self.normalize}, "
+            f"label_smoothing={self.label_smoothing:g}"
         )
+
+
+def make_bias(bias: bool | nn.Parameter, num_classes: int) -> nn.Parameter | None:
+    """The head's bias: a new zero ``[N]`` parameter for ``True``, none for ``False``, or the
+    given ``[N]`` ``nn.Parameter`` itself (tied, like ``weight``)."""
+    if isinstance(bias, nn.Parameter):
+        if tuple(bias.shape) != (num_classes,):
+            raise ValueError(f"bias must have shape ({num_classes},), got {tuple(bias.shape)}")
+        return bias
+    if isinstance(bias, bool):
+        return nn.Parameter(torch.zeros(num_classes)) if bias else None
+    raise ValueError(
+        f"bias must be a bool or an nn.Parameter of shape ({num_classes},) to tie to, "
+        f"got {type(bias).__name__}"
+    )
+
+
+def check_label_smoothing(value: float) -> float:
+    """``float(value)`` if it is a number in ``[0, 1)``, else ``ValueError`` naming it."""
+    bad = isinstance(value, bool) or not isinstance(value, (int, float))
+    if bad or not 0.0 <= value < 1.0:
+        raise ValueError(f"label_smoothing must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
+    """``mean(losses)``, or ``sum(weights * losses) / sum(weights)``; ``losses`` and ``weights``
+    are ``[T]``."""
+    if weights is None:
+        return losses.mean()
+    return (losses * weights).sum() / weights.sum()

@@ -4,6 +4,10 @@ Nothing here holds more than ``[T, chunk_size]`` logits: the cross-entropy is a 
 function that keeps only the per-row log-normaliser from its forward pass and recomputes each
 chunk's logits in backward (the approach of Cut Cross-Entropy and Liger's fused linear
 cross-entropy). The log-sum-exp and all gradient accumulators are fp32 whatever the compute dtype.
+
+The functions here take the queries as the head scores them (``OutputHead.score_queries``: already
+normalised and divided by the temperature) and, with ``normalize=True``, score the unit class
+vectors :func:`scored_rows`, normalised one chunk at a time: no ``[N, D]`` copy of the table.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import math
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -43,6 +48,26 @@ def compute_dtype(z: Tensor) -> torch.dtype:
     return torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
 
 
+def widened(x: Tensor) -> Tensor:
+    """``x`` in fp32, or in its own dtype when that is wider (fp64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def unit_rows(x: Tensor) -> Tensor:
+    """``x / ||x||`` along the last dim (``F.normalize``: an all-zero row stays zero), computed in
+    :func:`widened` precision so that half-precision squares neither overflow nor round away;
+    differentiable, also under autocast. ``[..., D]`` in, ``[..., D]`` fp32 (fp64 for fp64 ``x``)
+    out."""
+    with torch.autocast(x.device.type, enabled=False):
+        return F.normalize(widened(x), dim=-1)
+
+
+def scored_rows(rows: Tensor, normalize: bool) -> Tensor:
+    """Class vectors ``[..., D]`` as the heads score them: :func:`unit_rows` when ``normalize``,
+    else ``rows`` unchanged. Every head reads class vectors through this function."""
+    return unit_rows(rows) if normalize else rows
+
+
 def in_compute_dtype(z: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
     """Queries ``z`` ``[..., D]`` and class vectors ``rows`` ``[..., D]`` cast to
     :func:`compute_dtype` of ``z``, so that their products neither mix dtypes nor run in half
@@ -60,15 +85,18 @@ def chunk_logits(
     padding_idx: int | None,
     dtype: torch.dtype,
     workspace: Tensor | None = None,
+    *,
+    normalize: bool = False,
 ) -> Tensor:
     """fp32 logits ``[T, end - start]`` of rows ``z`` ``[T, D]`` against classes ``[start, end)``.
 
-    The matmul runs in ``dtype``; the padding class (if inside the chunk) gets ``-inf``. With a
-    flat fp32 ``workspace`` of at least ``T * (end - start)`` elements the logits are written into
-    it, so a loop over chunks allocates (and page-faults) its ``[T, C]`` block only once; the
-    result is then not differentiable. Without a workspace it is.
+    The matmul runs in ``dtype``; the padding class (if inside the chunk) gets ``-inf``. With
+    ``normalize`` the chunk's class vectors are :func:`unit_rows` first. With a flat fp32
+    ``workspace`` of at least ``T * (end - start)`` elements the logits are written into it, so a
+    loop over chunks allocates (and page-faults) its ``[T, C]`` block only once; the result is
+    then not differentiable. Without a workspace it is.
     """
-    z_c, w_c = z.to(dtype), weight[start:end].to(dtype)
+    z_c, w_c = z.to(dtype), scored_rows(weight[start:end], normalize).to(dtype)
     with torch.autocast(z.device.type, enabled=False):
         if workspace is None:  # differentiable
             logits = (z_c @ w_c.T).float()
@@ -96,44 +124,84 @@ def exp_shifted_(logits: Tensor, shift: Tensor) -> Tensor:
     return logits.sub_(shift[:, None]).exp_()
 
 
+def row_sums_without_padding(
+    logits: Tensor, start: int, end: int, padding_idx: int | None
+) -> Tensor:
+    """Sums ``[T]`` of a chunk's logits ``[T, end - start]`` over its classes other than
+    ``padding_idx`` (whose logit is ``-inf``)."""
+    if padding_idx is None or not start <= padding_idx < end:
+        return logits.sum(dim=1)
+    local = padding_idx - start
+    return logits[:, :local].sum(dim=1) + logits[:, local + 1 :].sum(dim=1)
+
+
+def unit_rows_backward_(weight: Tensor, grad: Tensor, chunk_size: int) -> Tensor:
+    """In place, chunk by chunk: turns ``grad`` ``[N, D]``, a gradient with respect to
+    ``unit_rows(weight)``, into the gradient with respect to ``weight`` ``[N, D]`` (the
+    vector-Jacobian product of :func:`unit_rows`, so never an ``[N, D]`` temporary)."""
+    for start, end in class_chunks(weight.shape[0], chunk_size):
+        rows = widened(weight[start:end].detach()).requires_grad_()
+        with torch.enable_grad():
+            (grad_rows,) = torch.autograd.grad(unit_rows(rows), rows, grad[start:end])
+        grad[start:end] = grad_rows
+    return grad
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
-    """Per-row exact negative log-likelihood ``lse(z W^T + b) - (z W^T + b)_y`` in class chunks.
+    """Per-row exact cross-entropy of ``softmax(z W^T + b)`` in class chunks.
+
+    With ``label_smoothing = eps`` the target distribution is ``(1 - eps)`` on ``y`` plus
+    ``eps / N'`` on each of the ``N'`` classes other than ``padding_idx``, so the loss of a row is
+    ``lse - (1 - eps) o_y - (eps / N') sum_{c != padding_idx} o_c`` (``eps = 0``: the NLL
+    ``lse - o_y``). With ``normalize`` the class vectors are :func:`unit_rows`, chunk by chunk.
 
     Forward inputs: ``z`` ``[T, D]``, ``weight`` ``[N, D]``, ``bias`` ``[N]`` or ``None``,
-    ``target`` long ``[T]``, ``chunk_size``, ``padding_idx``. Output: fp32 ``[T]``.
+    ``target`` long ``[T]``, ``chunk_size``, ``padding_idx``, ``normalize``, ``label_smoothing``.
+    Output: fp32 ``[T]``.
     """
 
     @staticmethod
-    def forward(ctx, z, weight, bias, target, chunk_size, padding_idx):
+    def forward(ctx, z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing):
         dtype = compute_dtype(z)
         num_rows, num_classes = z.shape[0], weight.shape[0]
         rows = torch.arange(num_rows, device=z.device)
         workspace = new_workspace(z, num_classes, chunk_size)
         chunk_lse = []
         target_logit = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
+        logit_sum = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
         with torch.no_grad():
             for start, end in class_chunks(num_classes, chunk_size):
-                logits = chunk_logits(z, weight, bias, start, end, padding_idx, dtype, workspace)
+                logits = chunk_logits(
+                    z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
+                )
                 inside = (target >= start) & (target < end)
                 local = (target - start).clamp(0, end - start - 1)
                 target_logit = torch.where(inside, logits[rows, local], target_logit)
+                if label_smoothing:
+                    logit_sum += row_sums_without_padding(logits, start, end, padding_idx)
                 row_max = logits.amax(dim=1)
                 chunk_sum = exp_shifted_(logits, row_max).sum(dim=1)
                 chunk_lse.append(row_max + chunk_sum.log())
             lse = torch.logsumexp(torch.stack(chunk_lse, dim=1), dim=1)
         ctx.save_for_backward(z, weight, bias, target, lse)
         ctx.chunk_size, ctx.padding_idx, ctx.dtype = chunk_size, padding_idx, dtype
-        return lse - target_logit
+        ctx.normalize, ctx.label_smoothing = normalize, label_smoothing
+        loss = lse - (1.0 - label_smoothing) * target_logit
+        if label_smoothing:
+            num_scored = num_classes - (padding_idx is not None)
+            loss = loss - (label_smoothing / num_scored) * logit_sum
+        return loss
 
     @staticmethod
     def backward(ctx, grad_out):
         z, weight, bias, target, lse = ctx.saved_tensors
         need_z, need_w, need_b = ctx.needs_input_grad[:3]
-        dtype = ctx.dtype
-        # d loss_t / d logit_tc = g_t * (softmax_tc - [c == y_t]). The per-row factor g_t is
-        # folded into z (for the class gradient) and applied once at the end (for dz), and the
-        # -[c == y_t] term is added once outside the loop, so each chunk costs two matmuls and
-        # two in-place passes over its [T, C] probabilities.
+        dtype, normalize, eps = ctx.dtype, ctx.normalize, ctx.label_smoothing
+        # d loss_t / d logit_tc = g_t * (softmax_tc - (1 - eps) [c == y_t] - eps / N' [c != pad]).
+        # The per-row factor g_t is folded into z (for the class gradient) and applied once at
+        # the end (for dz), and the target term is added once outside the loop, so each chunk
+        # costs two matmuls and a few in-place passes over its [T, C] probabilities. With
+        # normalize, the class gradient is first taken with respect to the unit rows.
         g = grad_out.float()
         zg = (z.float() * g[:, None]).to(dtype)
         f32 = dict(device=z.device, dtype=torch.float32)
@@ -141,16 +209,29 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, **f32) if need_w else None
         grad_b = torch.zeros(weight.shape[0], **f32) if need_b else None
         workspace = new_workspace(z, weight.shape[0], ctx.chunk_size)
+        smoothing = eps / (weight.shape[0] - (ctx.padding_idx is not None))
         with torch.autocast(z.device.type, enabled=False):
             for start, end in class_chunks(weight.shape[0], ctx.chunk_size):
                 logits = chunk_logits(
-                    z, weight, bias, start, end, ctx.padding_idx, dtype, workspace
+                    z,
+                    weight,
+                    bias,
+                    start,
+                    end,
+                    ctx.padding_idx,
+                    dtype,
+                    workspace,
+                    normalize=normalize,
                 )
                 probs = exp_shifted_(logits, lse)
+                if eps:
+                    probs.sub_(smoothing)
+                    if ctx.padding_idx is not None and start <= ctx.padding_idx < end:
+                        probs[:, ctx.padding_idx - start] = 0.0
                 if need_b:
                     grad_b[start:end] = probs.T @ g
                 probs = probs.to(dtype)
-                w_c = weight[start:end].to(dtype)
+                w_c = scored_rows(weight[start:end], normalize).to(dtype)
                 if need_z and dtype == torch.float32:
                     grad_z.addmm_(probs, w_c)
                 elif need_z:
@@ -159,16 +240,22 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                     torch.mm(probs.T, zg, out=grad_w[start:end])
                 elif need_w:
                     grad_w[start:end] = (probs.T @ zg).float()
+            hit = 1.0 - eps
             if need_z:
-                grad_z.sub_(weight[target].float()).mul_(g[:, None])
+                target_rows = scored_rows(weight[target], normalize).float()
+                grad_z.sub_(target_rows, alpha=hit).mul_(g[:, None])
             if need_w:
-                grad_w.index_add_(0, target, zg.float(), alpha=-1.0)
+                grad_w.index_add_(0, target, zg.float(), alpha=-hit)
+                if normalize:
+                    unit_rows_backward_(weight, grad_w, ctx.chunk_size)
             if need_b:
-                grad_b.index_add_(0, target, g, alpha=-1.0)
+                grad_b.index_add_(0, target, g, alpha=-hit)
         return (
             None if grad_z is None else grad_z.to(z.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
             None,
             None,
             None,
@@ -182,9 +269,16 @@ def chunked_nll(
     target: Tensor,
     chunk_size: int,
     padding_idx: int | None = None,
+    *,
+    normalize: bool = False,
+    label_smoothing: float = 0.0,
 ) -> Tensor:
-    """Exact per-row NLL ``[T]`` (fp32) of ``target`` ``[T]`` under ``softmax(z W^T + b)``."""
-    return ChunkedCrossEntropy.apply(z, weight, bias, target, chunk_size, padding_idx)
+    """Exact per-row NLL ``[T]`` (fp32) of ``target`` ``[T]`` under ``softmax(z W^T + b)``, or with
+    ``label_smoothing`` the smoothed cross-entropy of :class:`ChunkedCrossEntropy`; with
+    ``normalize`` ``W`` is replaced by its unit rows."""
+    return ChunkedCrossEntropy.apply(
+        z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing
+    )
 
 
 @torch.no_grad()
@@ -196,11 +290,14 @@ def chunked_topk(
     chunk_size: int,
     padding_idx: int | None = None,
     exclude: Tensor | None = None,
+    *,
+    normalize: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Exact top-``k`` classes of each row of ``z`` ``[T, D]`` by a running merge over chunks.
 
     Args:
         exclude: optional long ``[T, E]`` class ids to skip per row; negative entries are padding.
+        normalize: score the unit class vectors (:func:`unit_rows`).
 
     Returns:
         ``(values, indices)``, fp32 ``[T, k]`` and long ``[T, k]``, in decreasing score order.
@@ -211,7 +308,9 @@ def chunked_topk(
     best_v = torch.full((num_rows, 0), -math.inf, device=z.device)
     best_i = torch.zeros((num_rows, 0), dtype=torch.long, device=z.device)
     for start, end in class_chunks(num_classes, chunk_size):
-        logits = chunk_logits(z, weight, bias, start, end, padding_idx, dtype, workspace)
+        logits = chunk_logits(
+            z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
+        )
         if exclude is not None:
             hit = (exclude >= start) & (exclude < end)
             row_idx = torch.arange(num_rows, device=z.device)[:, None].expand_as(exclude)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..samplers import Sampler
 from ..samplers.base import padding_to_rank, rank_generator, skip_padding
-from .base import OutputHead
+from .base import OutputHead, weighted_mean
 from .chunked import class_chunks
 from .sampled import SampledSoftmaxHead
 
@@ -60,8 +60,9 @@ class OneVsEachHead(SampledSoftmaxHead):
             per-query scheme, needs ``M <= N' - 1``, and costs ``O(T x N)`` per step: meant for
             small ``N`` and diagnostics.
         **kwargs: ``sparse_grad`` of :class:`SampledSoftmaxHead`; ``weight``, ``bias``,
-            ``padding_idx``, ``ignore_index``, ``chunk_size`` of
-            :class:`OutputHead`.
+            ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
+            ``label_smoothing`` (0 only) of :class:`OutputHead`. ``f`` above is the head's
+            logit (:meth:`~OutputHead.score_queries`), and the sampler sees the scored queries.
     """
 
     def __init__(
@@ -75,10 +76,13 @@ class OneVsEachHead(SampledSoftmaxHead):
         replacement: bool = True,
         sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
-        bias: bool = False,
+        bias: bool | nn.Parameter = False,
         padding_idx: int | None = None,
         ignore_index: int = -100,
         chunk_size: int | None = None,
+        temperature: float = 1.0,
+        normalize: bool = False,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__(
             num_classes,
@@ -92,6 +96,9 @@ class OneVsEachHead(SampledSoftmaxHead):
             padding_idx=padding_idx,
             ignore_index=ignore_index,
             chunk_size=chunk_size,
+            temperature=temperature,
+            normalize=normalize,
+            label_smoothing=label_smoothing,
         )
         self.exclude_target = sampler is None and not shared_negatives
         num_others = self.sampler.num_drawable - 1
@@ -146,20 +153,23 @@ class OneVsEachHead(SampledSoftmaxHead):
         log_w = (-(math.log(m) + sample.log_q.float())).expand(num_rows, -1)
         return sample.ids, log_w.masked_fill(sample.ids == target[:, None], -math.inf)
 
-    def forward(self, z: Tensor, target: Tensor) -> Tensor:
+    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
         """Mean over scored positions of the unbiased estimate of ``B(x, y)``; a scalar.
 
         Args:
             z: ``[..., D]`` queries.
             target: long ``[...]`` targets (``ignore_index`` positions are skipped).
+            sample_weight: optional non-negative ``[...]``; the mean is then
+                ``sum(w * B) / sum(w)`` over the scored positions.
         """
-        z_valid, y, _ = self._valid_rows(z, target)
+        queries, y, mask = self._valid_rows(z, target)
+        weights = self._valid_weights(sample_weight, target, mask)
         if y.numel() == 0:
             return z.sum() * 0.0
-        ids, log_w = self.draw(z_valid, y)
-        pos, neg = self.target_and_candidate_logits(z_valid, y, ids)
+        ids, log_w = self.draw(queries, y)
+        pos, neg = self.target_and_candidate_logits(queries, y, ids)
         pos = pos[:, None]
-        return (F.softplus(neg - pos) * log_w.exp()).sum(dim=1).mean()
+        return weighted_mean((F.softplus(neg - pos) * log_w.exp()).sum(dim=1), weights)
 
     def bound_nll(self, z: Tensor, target: Tensor) -> Tensor:
         """The exact negative log One-vs-Each bound ``B(x, y)`` over all classes, in class chunks.
@@ -175,18 +185,18 @@ class OneVsEachHead(SampledSoftmaxHead):
         Returns:
             fp32 ``[...]``, differentiable; ``0`` at ``ignore_index`` positions.
         """
-        z_valid, y, mask = self._valid_rows(z, target)
+        queries, y, mask = self._valid_rows(z, target)
         out = torch.zeros(target.shape, device=z.device, dtype=torch.float32)
         if y.numel() == 0:
             return out
-        pos = self.candidate_logits(z_valid, y[:, None])
+        pos = self.candidate_logits(queries, y[:, None])
         total = torch.zeros(y.shape, device=z.device, dtype=torch.float32)
-        for start, end in class_chunks(self.num_classes, self.chunk_for(z_valid.shape[0])):
+        for start, end in class_chunks(self.num_classes, self.chunk_for(queries.shape[0])):
             ids = torch.arange(start, end, device=z.device)
             skip = y[:, None] == ids
             if self.padding_idx is not None:
                 skip = skip | (ids == self.padding_idx)
-            terms = F.softplus(self.candidate_logits(z_valid, ids) - pos)
+            terms = F.softplus(self.candidate_logits(queries, ids) - pos)
             total = total + terms.masked_fill(skip, 0.0).sum(dim=1)
         return out.masked_scatter(mask, total)
 

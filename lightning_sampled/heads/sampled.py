@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from .._validation import check_positive_int
 from ..samplers import Sampler, UniformSampler
-from .base import OutputHead
+from .base import OutputHead, weighted_mean
+from .chunked import scored_rows
 
 CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 
@@ -42,7 +43,18 @@ class SampledSoftmaxHead(OutputHead):
     the positive is uncorrected, each negative becomes ``o_j - log(M q_j)`` and accidental hits get
     ``-inf``: the gradient tends to the full-softmax gradient as ``M`` grows, also for likely
     targets. The sampler's :meth:`~Sampler.auxiliary_loss` (non-zero only for samplers that learn,
-    such as MIDX-Learn) is added to the returned loss.
+    such as MIDX-Learn) is added to the returned loss, unweighted.
+
+    What the sampler sees: its ``sample`` and ``log_prob`` get the scored queries
+    ``normalize(z) / temperature`` (:meth:`~OutputHead.score_queries`, detached), and
+    :meth:`refresh_index` gives its ``refresh`` the class vectors the head scores (unit rows when
+    ``normalize=True``, else ``weight``), both without the bias. A query-dependent proposal such as
+    MIDX thus approximates ``softmax(q . v)``, the head's softmax without its bias, at any
+    temperature and with cosine logits.
+
+    Per-position weights: ``forward(z, target, sample_weight)`` is ``sum(w * loss) / sum(w)`` of
+    the per-position sampled losses (see :class:`OutputHead`). Label smoothing is refused
+    (``ValueError``): the sampled objective has no term for the uniform share over all classes.
 
     Args:
         num_classes: ``N``.
@@ -60,8 +72,10 @@ class SampledSoftmaxHead(OutputHead):
             allocating and filling a dense ``[N, D]`` gradient. Needs an optimizer that takes
             sparse gradients (``torch.optim.SGD``, ``SparseAdam``, ``Adagrad``). The exact
             methods (``full_loss``, ...) still give dense gradients.
-        **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size`` of
-            :class:`OutputHead`.
+        **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size``,
+            ``temperature``, ``normalize``, ``label_smoothing`` (0 only) of :class:`OutputHead`.
+            ``normalize=True`` refuses a sampler with parameters (MIDX-Learn): its auxiliary loss
+            trains codewords on the raw class table.
     """
 
     def __init__(
@@ -75,10 +89,13 @@ class SampledSoftmaxHead(OutputHead):
         convention: str = "exact_positive",
         sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
-        bias: bool = False,
+        bias: bool | nn.Parameter = False,
         padding_idx: int | None = None,
         ignore_index: int = -100,
         chunk_size: int | None = None,
+        temperature: float = 1.0,
+        normalize: bool = False,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__(
             num_classes,
@@ -88,6 +105,9 @@ class SampledSoftmaxHead(OutputHead):
             padding_idx=padding_idx,
             ignore_index=ignore_index,
             chunk_size=chunk_size,
+            temperature=temperature,
+            normalize=normalize,
+            label_smoothing=label_smoothing,
         )
         if sampler is None:
             sampler = UniformSampler(num_classes, padding_idx=padding_idx)
@@ -108,6 +128,12 @@ class SampledSoftmaxHead(OutputHead):
                 f"shared_negatives=True needs a query-independent sampler, "
                 f"got {type(sampler).__name__}"
             )
+        if normalize and any(True for _ in sampler.parameters()):
+            raise ValueError(
+                f"normalize=True cannot train {type(sampler).__name__}'s parameters: its "
+                f"auxiliary loss reads the raw class table, not the unit rows the head scores; "
+                f"use a sampler without parameters (e.g. MIDXSampler with learnable=False)"
+            )
         self.sampler = sampler
         self.num_negatives = check_positive_int("num_negatives", num_negatives)
         self.shared_negatives = bool(shared_negatives)
@@ -117,14 +143,16 @@ class SampledSoftmaxHead(OutputHead):
         self.sparse_grad = bool(sparse_grad)
 
     def refresh_index(self) -> None:
-        """Rebuilds the sampler's index from the current class table (no-op for static ones)."""
-        self.sampler.refresh(self.weight.detach())
+        """Rebuilds the sampler's index from the class vectors the head scores: the unit rows of
+        the class table when ``normalize``, else the table itself (no-op for static samplers)."""
+        self.sampler.refresh(scored_rows(self.weight.detach(), self.normalize))
 
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
         """Corrected logits ``[T, 1 + M]`` of the scored positions: column 0 is the positive.
 
         Args:
-            z: ``[T, D]`` valid queries.
+            z: ``[T, D]`` scored queries of the valid positions (:meth:`_valid_rows`); the
+                sampler sees them detached.
             target: long ``[T]`` their targets.
         """
         m = self.num_negatives
@@ -155,14 +183,16 @@ class SampledSoftmaxHead(OutputHead):
         """Whether negatives equal to the target get ``-inf`` (all but ``"corrected_all"``)."""
         return self.convention != "corrected_all"
 
-    def forward(self, z: Tensor, target: Tensor) -> Tensor:
-        """Mean sampled-softmax loss of ``target`` ``[...]`` given ``z`` ``[..., D]``; a scalar."""
-        z_valid, y, _ = self._valid_rows(z, target)
+    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
+        """Mean sampled-softmax loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
+        ``sample_weight`` ``[...]`` when given; a scalar."""
+        queries, y, mask = self._valid_rows(z, target)
+        weights = self._valid_weights(sample_weight, target, mask)
         if y.numel() == 0:
             return z.sum() * 0.0
-        logits = self.sampled_logits(z_valid, y)
-        loss = (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
-        return loss + self.sampler.auxiliary_loss(z_valid, self.weight)
+        logits = self.sampled_logits(queries, y)
+        loss = weighted_mean(torch.logsumexp(logits, dim=1) - logits[:, 0], weights)
+        return loss + self.sampler.auxiliary_loss(queries, self.weight)
 
     def extra_repr(self) -> str:
         return (

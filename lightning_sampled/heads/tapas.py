@@ -194,10 +194,17 @@ class TapasHead(SampledSoftmaxHead):
             (all of them if it holds fewer).
         logq_correction: correct the logits for the first pass.
         remove_accidental_hits: give ``-inf`` to negatives equal to the query's target.
+        logit_temperature: the temperature of the head's logits, the ``temperature`` of
+            :class:`OutputHead` (named apart because ``temperature`` here is the paper's ``tau``
+            of the second pass, which ``TemperatureSchedule`` anneals); ``f`` above is then
+            ``score_queries(z) . v_c + b_c``.
         **kwargs: ``sparse_grad`` of :class:`SampledSoftmaxHead`; ``weight``, ``bias``,
-            ``padding_idx``, ``ignore_index``, ``chunk_size`` of
-            :class:`OutputHead` (``chunk_size`` also chunks the second pass).
+            ``padding_idx``, ``ignore_index``, ``chunk_size``, ``normalize``,
+            ``label_smoothing`` (0 only) of :class:`OutputHead` (``chunk_size`` also chunks the
+            second pass).
     """
+
+    temperature_argument = "logit_temperature"
 
     def __init__(
         self,
@@ -213,10 +220,13 @@ class TapasHead(SampledSoftmaxHead):
         remove_accidental_hits: bool = True,
         sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
-        bias: bool = False,
+        bias: bool | nn.Parameter = False,
         padding_idx: int | None = None,
         ignore_index: int = -100,
         chunk_size: int | None = None,
+        logit_temperature: float = 1.0,
+        normalize: bool = False,
+        label_smoothing: float = 0.0,
     ) -> None:
         if isinstance(presampler, Sampler) and not presampler.query_independent:
             raise ValueError(
@@ -235,6 +245,9 @@ class TapasHead(SampledSoftmaxHead):
             padding_idx=padding_idx,
             ignore_index=ignore_index,
             chunk_size=chunk_size,
+            temperature=logit_temperature,
+            normalize=normalize,
+            label_smoothing=label_smoothing,
         )
         drawable = self.sampler.num_drawable
         if num_negatives > drawable:

@@ -96,7 +96,8 @@ class AdaptiveSoftmax(nn.Module):
     with variance estimates in place of the unknown variance proxy), the returned classes are the
     exact top-``k`` and each returned probability is within ``(1 +- eps)`` of the exact one.
 
-    Choices where the paper's text and the implementation it ran differ (``FIELD-NOTES.md``):
+    Choices where the paper's text and the implementation it ran (the authors' released code)
+    differ:
 
     - Pull counts start at 16 per arm and grow by x1.5 (Algorithm 8 writes x1.1, Appendix C.3 a
       fixed ``d / 10`` first phase, which would cap the gain at 10x); the benchmark numbers of the

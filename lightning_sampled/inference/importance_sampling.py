@@ -24,8 +24,9 @@ from torch import Tensor
 def pull_schedule(dim: int, first: int = 16, growth: float = 1.5) -> list[int]:
     """The pull counts an arm goes through: ``first``, then ``x growth`` each step, up to ``d``.
 
-    The released implementation starts at 16 pulls per arm and grows them geometrically by 1.5
-    (see ``FIELD-NOTES.md``) rather than Algorithm 8's ``x 1.1`` or Appendix C.3's ``d / 10``.
+    The authors' released implementation starts at 16 pulls per arm and grows them geometrically
+    by 1.5 rather than Algorithm 8's ``x 1.1`` or Appendix C.3's ``d / 10`` (whose fixed first
+    phase would cap the gain at 10x; see :class:`~lightning_sampled.inference.AdaptiveSoftmax`).
 
     Args:
         dim: ``d``, the number of coordinates.

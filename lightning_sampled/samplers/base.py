@@ -2,7 +2,7 @@
 
 A sampler decides *which* classes a sampled head looks at; it never knows which loss uses it.
 ``log_q`` is always the **normalised** log-probability of an id under one draw, so that a head can
-apply the ``o_i - log(M * q_i)`` correction of DESIGN.md without knowing the sampler.
+apply the ``o_i - log(M * q_i)`` correction (``docs/architecture.md``) without knowing the sampler.
 
 Under DDP every rank holds the same index (``IndexRefresh`` builds it on rank 0 and broadcasts it)
 but draws its own negatives: see :func:`rank_generator`.
