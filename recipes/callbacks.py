@@ -1,16 +1,64 @@
-"""Callbacks of the recipes: metrics tables for W&B. ``RNGCheckpoint`` (the random states in
-checkpoints) lives in :mod:`lightning_sampled.callbacks`; it is importable from here too, as the
-recipes' configs name it."""
+"""Callbacks of the recipes: the logging interval fitted to short epochs, metrics tables for W&B.
+``RNGCheckpoint`` (the random states in checkpoints) lives in :mod:`lightning_sampled.callbacks`;
+it is importable from here too, as the recipes' configs name it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
 
 from lightning_sampled.callbacks import RNGCheckpoint
 
-__all__ = ["MetricsTable", "RNGCheckpoint"]
+__all__ = ["FitLogInterval", "MetricsTable", "RNGCheckpoint", "fitted_log_interval"]
+
+
+def fitted_log_interval(requested: int, num_batches: float, accumulate_grad_batches: int) -> int:
+    """The logging interval that logs at least once per epoch: ``requested``, or the epoch's
+    optimizer steps ``ceil(num_batches / accumulate_grad_batches)`` when there are fewer.
+
+    ``requested == 0`` (no step logs), an epoch of unknown length (``inf``) or an empty one keep
+    ``requested``.
+    """
+    if requested == 0 or not math.isfinite(num_batches) or num_batches < 1:
+        return requested
+    return min(requested, math.ceil(num_batches / accumulate_grad_batches))
+
+
+class FitLogInterval(L.Callback):
+    """Fits ``trainer.log_every_n_steps`` to the epoch length, so that step metrics such as the
+    train loss are logged at least once per epoch however short the epoch is.
+
+    Lightning logs step metrics when the count of optimizer steps reaches a multiple of
+    ``log_every_n_steps`` (50 by default): an epoch of 8 batches logs nothing in its first six
+    epochs, and Lightning warns that the training epoch will not be logged. This callback sets
+    the interval to :func:`fitted_log_interval` of the requested one at the start of every
+    training epoch (the length may change when dataloaders reload), which logs the last step of
+    each short epoch, and restores the requested interval when the fit ends. Lightning checks the
+    interval while it loads the training data, before any hook sees the epoch length: from
+    ``on_fit_start`` until then the interval is 0 (no step logs, during the sanity check only),
+    which also spares the warning. :class:`~recipes.module.SampledModule` adds this callback to
+    every recipe.
+    """
+
+    def __init__(self) -> None:
+        self.requested: int | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.requested = trainer.log_every_n_steps
+        trainer.log_every_n_steps = 0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.requested is not None:
+            trainer.log_every_n_steps = fitted_log_interval(
+                self.requested, trainer.num_training_batches, trainer.accumulate_grad_batches
+            )
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and self.requested is not None:
+            trainer.log_every_n_steps = self.requested
+            self.requested = None
 
 
 class MetricsTable(L.Callback):

@@ -1,8 +1,11 @@
 """The recipes' ``LightningCLI``: any model of :mod:`recipes.models` with any data module.
 
 ``num_classes`` and ``class_counts`` are linked from the instantiated data module into the model
-(``apply_on="instantiate"``), so a config only names the head and sampler classes and their own
-arguments; the model builds them (see :mod:`recipes.specs`).
+(``apply_on="instantiate"``). The model's ``head`` and ``sampler`` are factories (see
+:mod:`recipes.specs`): a config names their classes and their own arguments, which the parser
+checks, documents (``--model.head.help``) and prints (``--print_config``); the model calls them
+with what it injects. Run from a checkout: ``python -m recipes`` (the distribution does not install
+``recipes``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """LightningModules that pair an encoder with any head, trained sampled and evaluated exactly.
 
 A model subclass builds its encoder, then calls :meth:`SampledModule.build_head` with the width of
-its outputs and, to tie the output layer, its embedding table. The head and the sampler come from
-``class_path`` / ``init_args`` specs (see :mod:`recipes.specs`); ``num_classes`` and
-``class_counts`` are linked from the data module by the CLI (:mod:`recipes.cli`).
+its outputs and, to tie the output layer, its embedding table. The head and the sampler are
+factories (``class_path`` / ``init_args`` in a config, see :mod:`recipes.specs`) that the model
+calls with what a config cannot hold; ``num_classes`` and ``class_counts`` are linked from the data
+module by the CLI (:mod:`recipes.cli`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torchmetrics import Metric
 
-from lightning_sampled.heads import OutputHead
-from lightning_sampled.metrics import NDCG, Perplexity, Recall
+from lightning_sampled.heads import FullSoftmaxHead, OutputHead
+from lightning_sampled.metrics import (
+    NDCG,
+    AveragePopularity,
+    GiniIndex,
+    ItemCoverage,
+    Perplexity,
+    RankingMetric,
+    Recall,
+)
 from lightning_sampled.optim import LazyAdam, clip_grad_norm_
 
-from .specs import build_head, build_sampler
-
-FULL_SOFTMAX = {"class_path": "FullSoftmaxHead"}
+from .callbacks import FitLogInterval
+from .specs import HeadFactory, SamplerFactory, build_head, build_sampler
 
 
 class SampledModule(L.LightningModule):
@@ -29,8 +38,12 @@ class SampledModule(L.LightningModule):
 
     Args:
         num_classes: ``N``, linked from the data module.
-        head: head spec ``{"class_path": ..., "init_args": {...}}``; full softmax by default.
-        sampler: optional sampler spec for sampled heads (uniform when omitted).
+        head: the head class (in a config ``class_path`` and ``init_args``), called with
+            ``num_classes``, ``dim``, the tied ``weight``, ``padding_idx`` and the sampler;
+            full softmax by default.
+        sampler: the sampler class of a sampled head (uniform when omitted), called with those
+            of ``num_classes``, ``padding_idx``, ``dim`` and ``counts`` (``class_counts``) it
+            takes.
         class_counts: ``[N]`` training counts, linked from the data module (unigram proposals).
         lr: learning rate of :class:`~lightning_sampled.optim.LazyAdam` (Adam for dense
             gradients, SparseAdam's lazy update for a ``sparse_grad=True`` head's table).
@@ -43,8 +56,8 @@ class SampledModule(L.LightningModule):
     def __init__(
         self,
         num_classes: int,
-        head: dict[str, Any] | None = None,
-        sampler: dict[str, Any] | None = None,
+        head: HeadFactory = FullSoftmaxHead,
+        sampler: SamplerFactory | None = None,
         class_counts: list[int] | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
@@ -54,8 +67,8 @@ class SampledModule(L.LightningModule):
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
         self.save_hyperparameters(ignore=["class_counts"])
         self.num_classes = num_classes
-        self.head_spec = head or FULL_SOFTMAX
-        self.sampler_spec = sampler
+        self.head_factory = head
+        self.sampler_factory = sampler
         self.class_counts = None if class_counts is None else torch.as_tensor(class_counts)
         self.lr = lr
         self.weight_decay = weight_decay
@@ -64,12 +77,12 @@ class SampledModule(L.LightningModule):
     def build_head(self, dim: int, weight: nn.Parameter | None = None) -> OutputHead:
         """The configured head over ``num_classes`` classes of width ``dim``, tied to ``weight``."""
         sampler = None
-        if self.sampler_spec is not None:
+        if self.sampler_factory is not None:
             sampler = build_sampler(
-                self.sampler_spec, self.num_classes, dim, self.padding_idx, self.class_counts
+                self.sampler_factory, self.num_classes, dim, self.padding_idx, self.class_counts
             )
         return build_head(
-            self.head_spec,
+            self.head_factory,
             self.num_classes,
             dim,
             weight=weight,
@@ -98,6 +111,10 @@ class SampledModule(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
+    def configure_callbacks(self) -> list[L.Callback]:
+        """:class:`~recipes.callbacks.FitLogInterval`: the train loss is logged on short epochs."""
+        return [FitLogInterval()]
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return LazyAdam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
@@ -123,7 +140,10 @@ class SampledModule(L.LightningModule):
 
 class SequentialRecommender(SampledModule):
     """Next-item recommendation, evaluated by exact full ranking of all items at the last position
-    (NDCG@k, Recall@k), skipping the items of ``batch["exclude"]`` when the data module sends it.
+    (NDCG@k, Recall@k), skipping the items of ``batch["exclude"]`` when the data module sends it,
+    and by what the top-``k`` lists recommend: item coverage, Gini index and, when
+    ``class_counts`` is known, average training popularity at ``k`` (RecBole's definitions, see
+    :mod:`lightning_sampled.metrics.beyond_accuracy`).
 
     Args:
         top_k: the ``k`` of the metrics.
@@ -137,11 +157,20 @@ class SequentialRecommender(SampledModule):
         self.top_k = top_k
         self.metrics = nn.ModuleDict(
             {
-                f"{stage}_{name}": cls(k=top_k)
+                f"{stage}_{name}": metric
                 for stage in ("val", "test")
-                for name, cls in (("ndcg", NDCG), ("recall", Recall))
+                for name, metric in self.evaluation_metrics().items()
             }
         )
+
+    def evaluation_metrics(self) -> dict[str, Metric]:
+        """One stage's metrics at ``top_k`` by short name: ``ndcg``, ``recall``, ``item_coverage``,
+        ``gini_index`` and ``average_popularity`` (with ``class_counts`` only)."""
+        k, n = self.top_k, self.num_classes
+        metrics = [NDCG(k), Recall(k), ItemCoverage(k, num_classes=n), GiniIndex(k, num_classes=n)]
+        if self.class_counts is not None:
+            metrics.append(AveragePopularity(k, class_counts=self.class_counts))
+        return {metric.short_name: metric for metric in metrics}
 
     def eval_queries(self, batch: dict[str, Tensor]) -> Tensor:
         """The state at the last history position, ``[B, D]``."""
@@ -150,10 +179,12 @@ class SequentialRecommender(SampledModule):
     def _evaluate(self, batch: dict[str, Tensor], stage: str) -> None:
         z = self.eval_queries(batch)
         _, top = self.head.topk(z, self.top_k, exclude=batch.get("exclude"))
-        for name in ("ndcg", "recall"):
-            metric = self.metrics[f"{stage}_{name}"]
-            metric.update(top, batch["target"])
-            self.log(f"{stage}/{name}@{self.top_k}", metric, prog_bar=stage == "val")
+        for key, metric in self.metrics.items():
+            metric_stage, _, name = key.partition("_")
+            if metric_stage == stage:
+                metric.update(top, batch["target"])
+                show = stage == "val" and isinstance(metric, RankingMetric)
+                self.log(f"{stage}/{name}@{self.top_k}", metric, prog_bar=show)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")

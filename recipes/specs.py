@@ -1,123 +1,112 @@
-"""Building heads and samplers from ``{"class_path": ..., "init_args": {...}}`` specs.
+"""Heads and samplers by dependency injection: the config names the class, the model builds it.
 
 A YAML config cannot hold what a head needs from the model and the data (``num_classes``, the
-tied class table, the training counts of a unigram proposal), so the model keeps the head and
-sampler as small specs and builds them here, injecting those arguments. A ``class_path`` is a bare
-class name from :mod:`lightning_sampled.heads` / :mod:`lightning_sampled.samplers` or a dotted
-import path.
+tied class table, the training counts of a unigram proposal), so the model's ``head`` and
+``sampler`` arguments are *factories*: typed with the protocols :class:`HeadFactory` and
+:class:`SamplerFactory`, they take a ``class_path`` (a subclass of
+:class:`~lightning_sampled.heads.OutputHead` / :class:`~lightning_sampled.samplers.Sampler`) and
+the ``init_args`` of that class *except* the parameters the protocol names. jsonargparse (under
+LightningCLI) checks those init args at parse time, documents them in ``--help`` and writes them
+in ``--print_config``; it hands the model a callable that the model calls with the injected
+arguments (:func:`build_head`, :func:`build_sampler`). ``padding_idx`` is given once, by the
+model, to both the head and its sampler. In Python any class (or ``functools.partial`` of one)
+is a factory: ``SequentialRecommender(..., head=partial(SampledSoftmaxHead, num_negatives=20))``.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import inspect
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from torch import Tensor, nn
 
-from lightning_sampled import heads, samplers
 from lightning_sampled.heads import OutputHead
-from lightning_sampled.samplers import Sampler
+from lightning_sampled.samplers import MixtureSampler, Sampler
 
-_SAMPLER_ARGS = ("sampler", "presampler")
+# Where a head takes its proposal: TAPAS' first pass is its presampler, CANE's noise_sampler.
+SAMPLER_ARGUMENTS = ("sampler", "presampler", "noise_sampler")
 
 
-def resolve_class(class_path: str, namespace: Any, base: type) -> type:
-    """The class named ``class_path`` (bare name in ``namespace``, or ``module.Class``).
+class HeadFactory(Protocol):
+    """A head class (or partial) called as ``factory(num_classes, dim, weight=, padding_idx=,
+    sampler= | presampler= | noise_sampler=)``; a config gives every other argument."""
+
+    def __call__(
+        self,
+        num_classes: int,
+        dim: int,
+        /,
+        *,
+        weight: nn.Parameter | None,
+        padding_idx: int | None,
+        sampler: Sampler | None,
+        presampler: Sampler | None,
+        noise_sampler: Sampler | None,
+    ) -> OutputHead: ...
+
+
+class SamplerFactory(Protocol):
+    """A sampler class (or partial) called with those of ``num_classes``, ``padding_idx``,
+    ``dim`` and ``counts`` that the class takes; a config gives every other argument."""
+
+    def __call__(
+        self,
+        *,
+        num_classes: int,
+        padding_idx: int | None,
+        dim: int,
+        counts: Tensor,
+    ) -> Sampler: ...
+
+
+def factory_class(factory: Callable) -> type:
+    """The class a factory instantiates: the factory itself, or the class inside a
+    ``functools.partial`` (jsonargparse's factories are ``partial(instantiator, cls, **args)``).
 
     Raises:
-        ValueError: if it cannot be found or is not a subclass of ``base``.
+        ValueError: if ``factory`` names no class.
     """
-    if not isinstance(class_path, str) or not class_path:
-        raise ValueError(f"class_path must be a non-empty string, got {class_path!r}")
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        owner = importlib.import_module(module_name) if module_name else namespace
-    except ImportError as err:
-        raise ValueError(f"unknown {base.__name__} {class_path!r}: {err}") from None
-    cls = getattr(owner, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        known = sorted(
-            n
-            for n in getattr(namespace, "__all__", [])
-            if n != base.__name__ and issubclass(getattr(namespace, n), base)
-        )
-        raise ValueError(
-            f"unknown {base.__name__} {class_path!r}; use one of {known} or a dotted path to a "
-            f"{base.__name__} subclass"
-        )
-    return cls
-
-
-def _split(spec: Mapping[str, Any], what: str) -> tuple[str, dict[str, Any]]:
-    """``(class_path, init_args)`` of a spec. Keys beside ``class_path`` and ``init_args`` are
-    init args too, and win over ``init_args``: that is jsonargparse's flattened form, and what a
-    command-line override such as ``--model.init_args.head.init_args.num_negatives=50`` produces
-    for these mapping-typed arguments."""
-    if callable(getattr(spec, "as_dict", None)):  # a jsonargparse Namespace (nested specs)
-        spec = spec.as_dict()
-    if not isinstance(spec, Mapping) or "class_path" not in spec:
-        raise ValueError(
-            f"{what} must be a mapping with a class_path (and init_args), got {spec!r}"
-        )
-    init_args = spec.get("init_args") or {}
-    if not isinstance(init_args, Mapping):
-        raise ValueError(f"{what} init_args must be a mapping, got {init_args!r}")
-    flattened = {k: v for k, v in spec.items() if k not in ("class_path", "init_args")}
-    return spec["class_path"], {**init_args, **flattened}
-
-
-def _check_arguments(cls: type, kwargs: Mapping[str, Any], what: str) -> None:
-    """A clear error for init args that ``cls`` does not take (typos, a head's argument given
-    to another head)."""
-    params = inspect.signature(cls).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    unknown = sorted(set(kwargs) - set(params))
-    if unknown:
-        raise ValueError(
-            f"{what} {cls.__name__} has no argument {', '.join(map(repr, unknown))}; it takes "
-            f"{', '.join(params)}"
-        )
+    if isinstance(factory, type):
+        return factory
+    if isinstance(factory, functools.partial):
+        for part in (factory.func, *factory.args):
+            if isinstance(part, type):
+                return part
+    raise ValueError(f"a head or sampler must be a class or a partial of one, got {factory!r}")
 
 
 def build_sampler(
-    spec: Mapping[str, Any],
+    factory: SamplerFactory,
     num_classes: int,
     dim: int,
     padding_idx: int | None,
     class_counts: Tensor | None,
 ) -> Sampler:
-    """A sampler from its spec, given ``num_classes``, ``padding_idx``, the head's ``dim`` (for
-    samplers taking one, e.g. learnable MIDX) and the ``[N]`` training counts of the data module
-    (for samplers taking ``counts``, e.g. ``UnigramSampler``). A ``MixtureSampler``'s
-    ``components`` are specs themselves, built the same way."""
-    class_path, kwargs = _split(spec, "sampler")
-    cls = resolve_class(class_path, samplers, Sampler)
+    """A sampler from its factory, given those of ``num_classes``, ``padding_idx``, the head's
+    ``dim`` (learnable MIDX) and the data module's ``[N]`` training counts (``UnigramSampler``'s
+    ``counts``) that its class takes.
+
+    Raises:
+        ValueError: the class takes ``counts`` and the data module gave none.
+    """
+    cls = factory_class(factory)
     params = inspect.signature(cls).parameters
-    if "components" in params and "components" in kwargs:  # MixtureSampler: nested specs
-        kwargs["components"] = [
-            build_sampler(part, num_classes, dim, padding_idx, class_counts)
-            for part in kwargs["components"]
-        ]
-        _check_arguments(cls, kwargs, "sampler")
-        return cls(**kwargs)
-    if "counts" in params and kwargs.get("counts") is None:
-        if class_counts is None:
-            raise ValueError(f"{cls.__name__} needs class_counts from the data module")
-        kwargs["counts"] = class_counts
-    if "dim" in params:
-        kwargs.setdefault("dim", dim)
-    if "num_classes" in params:
-        kwargs["num_classes"] = num_classes
-    kwargs["padding_idx"] = padding_idx
-    _check_arguments(cls, kwargs, "sampler")
-    return cls(**kwargs)
+    counts = params.get("counts")
+    if counts is not None and counts.default is inspect.Parameter.empty and class_counts is None:
+        raise ValueError(f"{cls.__name__} needs class_counts from the data module")
+    injected = {
+        "num_classes": num_classes,
+        "padding_idx": padding_idx,
+        "dim": dim,
+        "counts": class_counts,
+    }
+    return factory(**{name: value for name, value in injected.items() if name in params})
 
 
 def build_head(
-    spec: Mapping[str, Any],
+    factory: HeadFactory,
     num_classes: int,
     dim: int,
     *,
@@ -125,18 +114,45 @@ def build_head(
     padding_idx: int | None = None,
     sampler: Sampler | None = None,
 ) -> OutputHead:
-    """A head from its spec with ``num_classes``, ``dim``, the tied ``weight`` and ``padding_idx``
-    injected; ``sampler`` is passed as the head's ``sampler`` (or TAPAS' ``presampler``).
+    """A head from its factory with ``num_classes``, ``dim``, the tied ``weight`` and
+    ``padding_idx`` injected; ``sampler`` goes to the head's argument of
+    :data:`SAMPLER_ARGUMENTS` (``sampler``; TAPAS ``presampler``, CANE ``noise_sampler``).
 
     Raises:
-        ValueError: unknown head, or a sampler given to a head that takes none.
+        ValueError: a sampler given to a head that takes none.
     """
-    class_path, kwargs = _split(spec, "head")
-    cls = resolve_class(class_path, heads, OutputHead)
+    kwargs = {"weight": weight, "padding_idx": padding_idx}
     if sampler is not None:
-        names = [n for n in _SAMPLER_ARGS if n in inspect.signature(cls).parameters]
+        cls = factory_class(factory)
+        params = inspect.signature(cls).parameters
+        names = [name for name in SAMPLER_ARGUMENTS if name in params]
         if not names:
             raise ValueError(f"{cls.__name__} takes no sampler; remove the sampler from the config")
         kwargs[names[0]] = sampler
-    _check_arguments(cls, kwargs, "head")
-    return cls(num_classes, dim, weight=weight, padding_idx=padding_idx, **kwargs)
+    return factory(num_classes, dim, **kwargs)
+
+
+class SamplerMixture(MixtureSampler):
+    """:class:`~lightning_sampled.samplers.MixtureSampler` whose components are sampler
+    factories, each built with the injected arguments it takes: the form a config can give.
+
+    Args:
+        components: two or more sampler factories (``class_path`` and ``init_args``).
+        weights: the share of the draws of each component, as in ``MixtureSampler``.
+        num_classes, padding_idx, dim, counts: injected by the model (see :func:`build_sampler`).
+    """
+
+    def __init__(
+        self,
+        components: Sequence[SamplerFactory],
+        weights: Sequence[float] | None = None,
+        *,
+        num_classes: int,
+        padding_idx: int | None = None,
+        dim: int | None = None,
+        counts: Tensor | None = None,
+    ) -> None:
+        super().__init__(
+            [build_sampler(part, num_classes, dim, padding_idx, counts) for part in components],
+            weights,
+        )

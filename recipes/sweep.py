@@ -6,7 +6,13 @@ A sweep file (``recipes/sweeps/*.yaml``) has the parameters ``base`` (a model co
 (what ``wandb agent`` calls, logging to W&B); ``run`` expands the file itself (``grid``: every
 combination; ``random``: ``--count`` draws from ``values``, ``int_uniform``, ``uniform`` or
 ``log_uniform_values``), fits each trial in this process and writes ``trials.csv``,
-``trials.md`` and ``trials.png`` with each trial's best validation metric.
+``trials.md`` and ``trials.png`` with each trial's best validation metric and run directory.
+
+Offline, each trial runs in its own directory ``OUT/trial_<i>``: the configs' relative logger
+folders (``logs``), the checkpoints and W&B's offline runs land there, never in the caller's
+working directory. A parameter that a trial's head does not take (``num_negatives`` of the full
+softmax, ``codebook_size`` of a non-MIDX sampler) is left out of it, and trials that come out
+the same are run once; ``wandb agent`` gets W&B's own expansion, which counts them separately.
 
 Run: ``python -m recipes.sweep run recipes/sweeps/sasrec_ml-100k.yaml [--out DIR] [--count N]``.
 """
@@ -16,8 +22,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import random
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +84,44 @@ def draw(spec: dict[str, Any], rng: random.Random) -> Any:
     raise ValueError(f"unsupported distribution {kind!r}")
 
 
-def trial_args(params: dict[str, Any]) -> list[str]:
-    """LightningCLI arguments of one trial: the model and head configs, then overrides of
-    ``num_negatives`` (heads whose config sets it) and ``codebook_size`` (MIDX samplers)."""
-    head_file = CONFIGS / "heads" / f"{params['head']}.yaml"
-    args = [f"--config={CONFIGS / (params['base'] + '.yaml')}", f"--config={head_file}"]
-    with open(head_file) as f:
+def head_file(params: dict[str, Any]) -> Path:
+    """The head config of a trial."""
+    return CONFIGS / "heads" / f"{params['head']}.yaml"
+
+
+def applied_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` without those the trial's head config does not take: ``num_negatives`` unless
+    the head's config sets it, ``codebook_size`` unless its sampler is a ``MIDXSampler``."""
+    with open(head_file(params)) as f:
         model = yaml.safe_load(f)["model"]["init_args"]
     head, sampler = model["head"], model.get("sampler")
-    if "num_negatives" in params and "num_negatives" in head.get("init_args", {}):
+    ignored = set()
+    if "num_negatives" not in head.get("init_args", {}):
+        ignored.add("num_negatives")
+    if not (sampler and sampler["class_path"].endswith("MIDXSampler")):
+        ignored.add("codebook_size")
+    return {name: value for name, value in params.items() if name not in ignored}
+
+
+def unique_trials(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The :func:`applied_params` of each trial, each distinct set once, in first-seen order
+    (a grid over ``head`` x ``num_negatives`` holds the full softmax once, not once per
+    ``num_negatives``)."""
+    distinct: dict[frozenset, dict[str, Any]] = {}
+    for params in trials:
+        applied = applied_params(params)
+        distinct.setdefault(frozenset(applied.items()), applied)
+    return list(distinct.values())
+
+
+def trial_args(params: dict[str, Any]) -> list[str]:
+    """LightningCLI arguments of one trial: the model and head configs, then overrides of the
+    :func:`applied_params` (``num_negatives``, ``codebook_size``, ``lr``, ``max_epochs``)."""
+    params = applied_params(params)
+    args = [f"--config={CONFIGS / (params['base'] + '.yaml')}", f"--config={head_file(params)}"]
+    if "num_negatives" in params:
         args.append(f"--model.init_args.head.init_args.num_negatives={params['num_negatives']}")
-    if "codebook_size" in params and sampler and sampler["class_path"].endswith("MIDXSampler"):
+    if "codebook_size" in params:
         args.append(f"--model.init_args.sampler.init_args.codebook_size={params['codebook_size']}")
     if "lr" in params:
         args.append(f"--model.init_args.lr={params['lr']}")
@@ -94,11 +130,39 @@ def trial_args(params: dict[str, Any]) -> list[str]:
     return args
 
 
-def fit_trial(params: dict[str, Any], extra: list[str]) -> L.Trainer:
-    """Fits one trial in this process (``extra``: more LightningCLI arguments)."""
-    cli = main([*trial_args(params), *extra], run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
+@contextmanager
+def working_directory(path: Path) -> Iterator[None]:
+    """Runs the block with ``path`` (created if missing) as the working directory."""
+    path.mkdir(parents=True, exist_ok=True)
+    previous = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def fit_trial(params: dict[str, Any], extra: list[str], run_in: Path | None = None) -> L.Trainer:
+    """Fits one trial in this process (``extra``: more LightningCLI arguments).
+
+    Args:
+        params: the trial's sweep parameters.
+        extra: more LightningCLI arguments, parsed in the caller's working directory.
+        run_in: the directory the fit runs in (its relative log, checkpoint and W&B folders
+            land there), also the trainer's ``default_root_dir``; ``None``: the caller's.
+    """
+    root = [] if run_in is None else [f"--trainer.default_root_dir={run_in}"]
+    cli = main([*trial_args(params), *root, *extra], run=False)
+    with working_directory(run_in or Path.cwd()):
+        cli.trainer.fit(cli.model, cli.datamodule)
     return cli.trainer
+
+
+def run_dir(trainer: L.Trainer, run_in: Path) -> Path:
+    """The absolute directory of a trial's run: its first logger's (relative to ``run_in``, where
+    the trial ran), or ``run_in`` when the logger has none."""
+    log_dir = trainer.log_dir
+    return run_in if log_dir is None else (run_in / log_dir).resolve()
 
 
 def best_score(trainer: L.Trainer, metric: str) -> float:
@@ -110,15 +174,19 @@ def best_score(trainer: L.Trainer, metric: str) -> float:
 def run_sweep(
     path: Path, out: Path, count: int | None = None, extra: list[str] | None = None
 ) -> list[dict]:
-    """Runs every trial of the sweep file offline and writes the summary table and plot."""
+    """Runs every distinct trial of the sweep file offline, each in ``out/trial_<i>``, and writes
+    the summary table and plot under ``out``; a row holds the trial's applied parameters, its
+    best ``metric`` and ``run_dir`` (where its logs are)."""
     with open(path) as f:
         sweep = yaml.safe_load(f)
     metric = sweep["metric"]["name"]
+    out = out.resolve()
     rows = []
-    for i, params in enumerate(expand(sweep, count)):
-        trial_extra = [f"--trainer.default_root_dir={out / f'trial_{i}'}", *(extra or [])]
-        score = best_score(fit_trial(params, trial_extra), metric)
-        rows.append({"trial": i, **params, metric: score})
+    for i, params in enumerate(unique_trials(expand(sweep, count))):
+        run_in = out / f"trial_{i}"
+        trainer = fit_trial(params, extra or [], run_in)
+        row = {"trial": i, **params, metric: best_score(trainer, metric)}
+        rows.append({**row, "run_dir": str(run_dir(trainer, run_in))})
     write_summary(rows, metric, sweep["metric"].get("goal", "maximize"), out)
     return rows
 

@@ -1,5 +1,7 @@
-"""Exact full-ranking metrics and perplexity as torchmetrics Metrics with sum states."""
+"""Exact full-ranking metrics, beyond-accuracy metrics of recommended lists (coverage, popularity,
+Gini) and perplexity, as torchmetrics Metrics with sum states."""
 
+from .beyond_accuracy import AveragePopularity, GiniIndex, ItemCoverage, recommended_ids
 from .evaluate import RANKING_METRICS, evaluate_ranking, evaluation_sampler
 from .perplexity import Perplexity
 from .ranking import MAP, MRR, NDCG, Precision, RankingMetric, Recall, ranking_hits
@@ -9,6 +11,9 @@ __all__ = [
     "MRR",
     "NDCG",
     "RANKING_METRICS",
+    "AveragePopularity",
+    "GiniIndex",
+    "ItemCoverage",
     "Perplexity",
     "Precision",
     "RankingMetric",
@@ -16,4 +21,5 @@ __all__ = [
     "evaluate_ranking",
     "evaluation_sampler",
     "ranking_hits",
+    "recommended_ids",
 ]

@@ -41,9 +41,13 @@ def test_wandb_run_gets_metrics_tables_and_diagnostics_images(in_tmp):
     for path in (media / "table").rglob("*.table.json"):
         tables.setdefault(path.parent.name, []).append(json.loads(path.read_text()))
     val = max(tables["val"], key=lambda t: len(t["data"]))
-    assert val["columns"] == ["epoch", "step", "val/ndcg@10", "val/recall@10"]
+    metrics = ["average_popularity", "gini_index", "item_coverage", "ndcg", "recall"]
+    assert val["columns"] == ["epoch", "step", *(f"val/{m}@10" for m in metrics)]
     assert [row[0] for row in val["data"]] == [0, 1]  # one row per validation run, no sanity check
     (test,) = tables["test"]
-    assert test["columns"] == ["epoch", "step", "test/ndcg@10", "test/recall@10"]
-    assert test["data"][0][2] == pytest.approx(float(cli.trainer.callback_metrics["test/ndcg@10"]))
+    assert test["columns"] == ["epoch", "step", *(f"test/{m}@10" for m in metrics)]
+    ndcg = test["columns"].index("test/ndcg@10")
+    assert test["data"][0][ndcg] == pytest.approx(
+        float(cli.trainer.callback_metrics["test/ndcg@10"])
+    )
     assert list((media / "images").rglob("*.png"))  # the diagnostics plot, one per epoch
