@@ -17,21 +17,39 @@ The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and 
   ``p_y``, so the gradient stays biased however large ``M`` is once a target is likely (on four
   classes with targets ``(.6, .25, .1, .05)`` the first class is learned as ``.996``). Offered to
   reproduce TensorFlow; harmless only when every ``p_y`` is small.
+
+With ``in_batch_negatives=True`` the other positions' targets join the negatives (mixed negative
+sampling, Yang et al. 2020; pure in-batch softmax with ``num_negatives=0``), and every candidate,
+whichever set it came from, is corrected by ``log(M q(j) + (T - 1) q_b(j))`` instead of
+``log(M q(j))``, ``q_b`` being the targets' distribution estimated by
+:class:`~lightning_sampled.samplers.frequency.TargetFrequency` (:mod:`.in_batch`). The conventions
+apply unchanged: under the default the positive stays uncorrected and batch candidates equal to the
+target are accidental hits.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_positive_int
-from ..samplers import Sampler, UniformSampler
+from .._validation import check_int, check_positive_int
+from ..samplers import Sample, Sampler, UniformSampler
+from ..samplers.frequency import TargetFrequency
 from .base import OutputHead, weighted_mean
 from .chunked import scored_rows
+from .in_batch import batch_candidates, log_mixture_size
 
 CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
+
+
+class BatchProposal(NamedTuple):
+    """In-batch negatives' proposal for one batch: ``q_b`` and the draws per query (``T - 1``)."""
+
+    frequency: TargetFrequency
+    num_draws: int
 
 
 class SampledSoftmaxHead(OutputHead):
@@ -61,12 +79,20 @@ class SampledSoftmaxHead(OutputHead):
         dim: ``D``.
         sampler: the proposal; a :class:`UniformSampler` over the head's classes when ``None``.
             Its ``num_classes`` and ``padding_idx`` must match the head's.
-        num_negatives: ``M``, draws per query (or per batch when shared).
+        num_negatives: ``M``, draws per query (or per batch when shared); ``0`` only with
+            ``in_batch_negatives`` (pure in-batch softmax).
         shared_negatives: one set of ``M`` negatives for the whole batch (TensorFlow style: one
             ``[M, D]`` gather) instead of ``M`` per query (the MIDX paper's style, ``[T, M, D]``).
             Needs a query-independent sampler.
         convention: ``"exact_positive"`` (default), ``"corrected_all"`` (both consistent) or
             ``"tensorflow"`` (TensorFlow's defaults, biased when a target is likely).
+        in_batch_negatives: also use the other scored positions' targets in the batch as
+            negatives (module docstring); their proposal ``q_b`` is estimated from the training
+            targets seen so far (moving averages over about ``1 / frequency_decay`` steps), or
+            fixed by ``target_counts``. In-batch negatives assume the positions of a batch are
+            independent draws; positions of one sequence are not quite.
+        target_counts: optional ``[N]`` training counts of the targets, fixing ``q_b``.
+        frequency_decay: the weight of the newest step in the estimate of ``q_b``.
         sparse_grad: make the class table's gradient row-sparse (a sparse COO tensor over the
             ``T + M`` gathered rows), so that a step costs what the touched rows cost instead of
             allocating and filling a dense ``[N, D]`` gradient. Needs an optimizer that takes
@@ -87,6 +113,9 @@ class SampledSoftmaxHead(OutputHead):
         *,
         shared_negatives: bool = False,
         convention: str = "exact_positive",
+        in_batch_negatives: bool = False,
+        target_counts: Tensor | None = None,
+        frequency_decay: float = 0.01,
         sparse_grad: bool = False,
         weight: nn.Parameter | None = None,
         bias: bool | nn.Parameter = False,
@@ -135,7 +164,20 @@ class SampledSoftmaxHead(OutputHead):
                 f"use a sampler without parameters (e.g. MIDXSampler with learnable=False)"
             )
         self.sampler = sampler
-        self.num_negatives = check_positive_int("num_negatives", num_negatives)
+        if not isinstance(in_batch_negatives, bool):
+            raise ValueError(f"in_batch_negatives must be a bool, got {in_batch_negatives!r}")
+        self.in_batch_negatives = in_batch_negatives
+        if in_batch_negatives:
+            self.num_negatives = check_int("num_negatives", num_negatives)
+            if num_negatives < 0:
+                raise ValueError(f"num_negatives must be >= 0, got {num_negatives}")
+            self.target_frequency = TargetFrequency(
+                num_classes, decay=frequency_decay, counts=target_counts
+            )
+        else:
+            self.num_negatives = check_positive_int("num_negatives", num_negatives)
+            if target_counts is not None:
+                raise ValueError("target_counts is only used with in_batch_negatives=True")
         self.shared_negatives = bool(shared_negatives)
         if convention not in CONVENTIONS:
             raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
@@ -148,30 +190,87 @@ class SampledSoftmaxHead(OutputHead):
         self.sampler.refresh(scored_rows(self.weight.detach(), self.normalize))
 
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
-        """Corrected logits ``[T, 1 + M]`` of the scored positions: column 0 is the positive.
+        """Corrected logits ``[T, 1 + C]`` of the scored positions: column 0 is the positive,
+        then the ``M`` draws and, with ``in_batch_negatives``, the batch's distinct targets.
+
+        With ``in_batch_negatives``, a call in training mode counts ``target`` into ``q_b``.
 
         Args:
             z: ``[T, D]`` scored queries of the valid positions (:meth:`_valid_rows`); the
                 sampler sees them detached.
             target: long ``[T]`` their targets.
         """
-        m = self.num_negatives
-        with torch.no_grad():
-            if self.corrects_positive:
-                draw, pos_log_q = self.sampler.sample_and_score(
-                    z.detach(), m, target[:, None], shared=self.shared_negatives
-                )
-                pos_log_q = pos_log_q[:, 0]
+        batch = self._batch_proposal(target) if self.in_batch_negatives else None
+        if self.num_negatives == 0:
+            pos, pos_log_q, columns = None, None, []
+        else:
+            draw, pos_log_q = self._draw(z.detach(), target)
+            pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
+            columns = [self._corrected(neg, draw.ids, draw.log_q, target, batch)]
+        if batch is not None:
+            ids, log_others = batch_candidates(target)
+            if pos is None:
+                pos, neg = self.target_and_candidate_logits(z, target, ids)
             else:
-                draw = self.sampler.sample(z.detach(), m, shared=self.shared_negatives)
-        pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
-        log_m = math.log(m)
-        neg = neg - (log_m + draw.log_q)
+                neg = self.candidate_logits(z, ids)
+            log_q = None
+            if self.num_negatives:
+                with torch.no_grad():
+                    log_q = self.sampler.log_prob(z.detach(), ids)
+            columns.append(self._corrected(neg, ids, log_q, target, batch) + log_others)
         if self.corrects_positive:
-            pos = pos - (log_m + pos_log_q)
+            pos = pos - self._log_size(target, pos_log_q, batch)
+        return torch.cat([pos[:, None], *columns], dim=1)
+
+    def _draw(self, z: Tensor, target: Tensor) -> tuple[Sample, Tensor | None]:
+        """The sampler's draws for queries ``z`` ``[T, D]`` and, when the positive is corrected,
+        the targets' ``log q`` ``[T]`` from the same proposal."""
+        m, shared = self.num_negatives, self.shared_negatives
+        with torch.no_grad():
+            if not self.corrects_positive:
+                return self.sampler.sample(z, m, shared=shared), None
+            draw, log_q = self.sampler.sample_and_score(z, m, target[:, None], shared=shared)
+        return draw, log_q[:, 0]
+
+    def _batch_proposal(self, target: Tensor) -> BatchProposal:
+        """The in-batch proposal of a batch of targets ``[T]``, counted into ``q_b`` in
+        training mode. Before any training step (e.g. Lightning's validation sanity check) the
+        estimate is the batch's own target frequencies."""
+        if self.num_negatives == 0 and target.numel() < 2:
+            raise ValueError(
+                "in_batch_negatives with num_negatives=0 needs at least two scored positions "
+                f"(the others' targets are the negatives), got {target.numel()}"
+            )
+        if self.training:
+            self.target_frequency.update(target)
+        frequency = self.target_frequency
+        if not frequency.ready:
+            counts = torch.bincount(target, minlength=self.num_classes)
+            frequency = TargetFrequency(self.num_classes, counts=counts)
+        return BatchProposal(frequency, target.numel() - 1)
+
+    def _log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
+        """``log(M q(ids))``, or with in-batch negatives the mixture's
+        ``log(M q + (T - 1) q_b)``, of candidate ids ``[M]``, ``[T, M]`` or ``[T]``."""
+        if batch is None:
+            return math.log(self.num_negatives) + log_q
+        log_q_batch = batch.frequency.log_prob(ids)
+        return log_mixture_size(log_q, self.num_negatives, log_q_batch, batch.num_draws)
+
+    def _corrected(
+        self,
+        logits: Tensor,
+        ids: Tensor,
+        log_q: Tensor | None,
+        target: Tensor,
+        batch: BatchProposal | None,
+    ) -> Tensor:
+        """Candidate logits ``[T, C]`` of ids ``[C]`` / ``[T, C]`` minus their log-size, with
+        accidental hits at ``-inf`` when the convention removes them."""
+        logits = logits - self._log_size(ids, log_q, batch)
         if self.removes_accidental_hits:
-            neg = neg.masked_fill(draw.ids.expand_as(neg) == target[:, None], -math.inf)
-        return torch.cat([pos[:, None], neg], dim=1)
+            logits = logits.masked_fill(ids.expand_as(logits) == target[:, None], -math.inf)
+        return logits
 
     @property
     def corrects_positive(self) -> bool:
@@ -197,6 +296,7 @@ class SampledSoftmaxHead(OutputHead):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
+            f"in_batch_negatives={self.in_batch_negatives}, "
             f"shared_negatives={self.shared_negatives}, "
             f"convention={self.convention!r}, sparse_grad={self.sparse_grad}"
         )

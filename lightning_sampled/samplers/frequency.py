@@ -1,0 +1,114 @@
+"""``TargetFrequency``: each class's share of the training targets, the proposal of in-batch
+negatives.
+
+The other positions' targets in a batch are draws from the targets' distribution ``q_b``, so a head
+that uses them as negatives corrects their logits by ``log q_b`` (Yi et al., RecSys 2019,
+"Sampling-bias-corrected neural modeling for large corpus item recommendations"). Yi et al.
+estimate ``q_b`` from the average number of steps between two sightings of a class; that estimate
+saturates at one sighting per step, so a class that fills a quarter of every batch (a frequent
+word, a popular item) is under-weighted by a large factor. Here ``q_b`` is a ratio of two
+exponential moving averages over steps instead, kept lazily so that a step costs
+``O(batch)``, not ``O(N)``:
+
+- ``count_j``: the decayed number of occurrences of class ``j`` among the targets, updated only
+  when ``j`` occurs (its decay since the last update is applied then);
+- ``total``: the decayed number of targets.
+
+``q_b(j) = count_j (1 - a)^(t - t_j) / total``, with ``a`` the decay per step and ``t_j`` the last
+step that saw ``j``. Both averages start at zero and share the same start-up bias, which cancels
+in the ratio. With ``counts`` given, ``q_b`` is fixed at ``counts / counts.sum()`` instead (for
+example the training split's item counts).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_class_ids, check_positive_int
+
+
+class TargetFrequency(nn.Module):
+    """Estimated share ``q_b(j)`` of each class among the training targets.
+
+    Args:
+        num_classes: ``N``.
+        decay: the weight ``a`` of the newest step in the moving averages, in ``(0, 1]``; the
+            estimate averages over about ``1 / a`` steps.
+        counts: optional ``[N]`` non-negative class counts; when given, ``q_b`` is fixed at
+            ``counts / counts.sum()`` and :meth:`update` does nothing.
+    """
+
+    def __init__(
+        self, num_classes: int, *, decay: float = 0.01, counts: Tensor | None = None
+    ) -> None:
+        super().__init__()
+        self.num_classes = check_positive_int("num_classes", num_classes)
+        if not (isinstance(decay, (int, float)) and 0.0 < decay <= 1.0):
+            raise ValueError(f"decay must be a number in (0, 1], got {decay!r}")
+        self.decay = float(decay)
+        self.fixed = counts is not None
+        if counts is None:
+            count = torch.zeros(num_classes, dtype=torch.float64)
+        else:
+            count = _checked_counts(counts, num_classes)
+        self.register_buffer("count", count)
+        self.register_buffer("last_step", torch.zeros(num_classes, dtype=torch.long))
+        self.register_buffer("total", count.sum())
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, targets: Tensor) -> None:
+        """Counts one step's targets (long ``[T]``, class ids; nothing to skip in them)."""
+        if self.fixed:
+            return
+        check_class_ids("targets", targets, self.num_classes)
+        self.step += 1
+        keep = 1.0 - self.decay
+        ids, occurrences = torch.unique(targets.reshape(-1), return_counts=True)
+        ids = ids.to(self.count.device)
+        stale = (self.step - self.last_step.index_select(0, ids)).double()
+        decayed = self.count.index_select(0, ids) * keep**stale
+        self.count.index_copy_(0, ids, decayed + self.decay * occurrences.double().to(ids.device))
+        self.last_step.index_fill_(0, ids, int(self.step))
+        self.total.mul_(keep).add_(self.decay * targets.numel())
+
+    @property
+    def ready(self) -> bool:
+        """Whether there is an estimate: counts were given or some targets seen."""
+        return float(self.total) > 0.0
+
+    def log_prob(self, ids: Tensor) -> Tensor:
+        """``log q_b`` (fp32) of class ids of any shape; ``-inf`` for a class not seen yet.
+
+        Raises:
+            RuntimeError: before the first :meth:`update` (no estimate yet).
+        """
+        if not self.ready:
+            raise RuntimeError(
+                "TargetFrequency has seen no targets yet: call update() with a batch's targets "
+                "first, or give counts"
+            )
+        check_class_ids("ids", ids, self.num_classes)
+        flat = ids.reshape(-1)
+        count = self.count.index_select(0, flat)
+        if not self.fixed:
+            stale = (self.step - self.last_step.index_select(0, flat)).double()
+            count = count * (1.0 - self.decay) ** stale
+        return (count.log() - math.log(float(self.total))).float().view(ids.shape)
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}, decay={self.decay}, fixed={self.fixed}"
+
+
+def _checked_counts(counts: Tensor, num_classes: int) -> Tensor:
+    counts = torch.as_tensor(counts).detach().to(torch.float64).reshape(-1)
+    if counts.numel() != num_classes:
+        raise ValueError(f"counts must have {num_classes} entries, got {counts.numel()}")
+    if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
+        raise ValueError("counts must be finite and non-negative")
+    if float(counts.sum()) <= 0.0:
+        raise ValueError("counts must not be all zero")
+    return counts

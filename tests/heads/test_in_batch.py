@@ -1,0 +1,178 @@
+"""In-batch candidates and the mixed (in-batch + sampled) correction."""
+
+import math
+
+import pytest
+import torch
+from fake_samplers import Stream
+
+from lightning_sampled.heads import SampledSoftmaxHead
+from lightning_sampled.heads.in_batch import batch_candidates, log_mixture_size
+from lightning_sampled.samplers import UniformSampler
+
+
+def test_batch_candidates_count_the_other_positions_holding_each_target():
+    target = torch.tensor([4, 1, 4, 4, 9])
+    ids, log_others = batch_candidates(target)
+    assert ids.tolist() == [1, 4, 9]
+    brute = torch.tensor(
+        [
+            [float(sum(1 for s in range(5) if s != t and target[s] == u)) for u in ids]
+            for t in range(5)
+        ]
+    )
+    torch.testing.assert_close(log_others, brute.log())
+    assert log_others[1, 0] == -math.inf  # only position 1 holds class 1
+    assert torch.allclose(log_others.exp().sum(1), torch.full((5,), 4.0))  # T - 1 others each
+
+
+def test_log_mixture_size_is_the_balance_heuristic_denominator():
+    log_qs = torch.tensor([-1.0, -3.0])
+    log_qb = torch.tensor([-2.0, -0.5])
+    expected = (5 * log_qs.exp() + 7 * log_qb.exp()).log()
+    torch.testing.assert_close(log_mixture_size(log_qs, 5, log_qb, 7), expected)
+    torch.testing.assert_close(log_mixture_size(None, 0, log_qb, 7), log_qb + math.log(7))
+    torch.testing.assert_close(log_mixture_size(log_qs, 5, log_qb, 0), log_qs + math.log(5))
+
+
+def brute_force_losses(head, z, y, draws=None, log_q_sampled=None, log_q_batch=None):
+    """Per-position losses of the mixed estimator written out position by position.
+
+    ``draws`` [T, M] (or None) with their ``log_q_sampled`` (a callable of ids); ``log_q_batch``
+    a callable of ids; the default convention (positive uncorrected, hits masked)."""
+    t_count = y.numel()
+    m = 0 if draws is None else draws.shape[1]
+    w, b = head.weight, head.bias if head.bias is not None else torch.zeros(head.num_classes)
+    losses = []
+    for t in range(t_count):
+        logits = [z[t] @ w[y[t]] + b[y[t]]]
+        candidates = ([] if draws is None else draws[t].tolist()) + [
+            int(y[s]) for s in range(t_count) if s != t
+        ]
+        for j in candidates:
+            if j == int(y[t]):
+                continue  # accidental hit
+            size = (t_count - 1) * log_q_batch(j).exp()
+            if m:
+                size = size + m * log_q_sampled(j).exp()
+            logits.append(z[t] @ w[j] + b[j] - size.log())
+        logits = torch.stack(logits)
+        losses.append(torch.logsumexp(logits, 0) - logits[0])
+    return torch.stack(losses)
+
+
+def test_pure_in_batch_loss_equals_the_brute_force_estimator():
+    torch.manual_seed(0)
+    counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
+    head = SampledSoftmaxHead(
+        6, 3, num_negatives=0, in_batch_negatives=True, target_counts=counts, bias=True
+    )
+    torch.nn.init.normal_(head.bias)
+    z = torch.randn(7, 3)
+    y = torch.tensor([0, 2, 0, 4, 5, 0, 2])
+    log_q_batch = lambda j: (counts[j] / counts.sum()).log()  # noqa: E731
+    expected = brute_force_losses(head, z, y, log_q_batch=log_q_batch).mean()
+    torch.testing.assert_close(head(z, y), expected)
+
+
+def test_mixed_loss_equals_the_brute_force_balance_heuristic():
+    torch.manual_seed(1)
+    counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
+    probs = torch.softmax(torch.randn(6), 0)
+    stream = torch.tensor([1, 3, 0, 5])
+    head = SampledSoftmaxHead(
+        6, 3, Stream(probs, stream), 4, in_batch_negatives=True, target_counts=counts
+    )
+    z = torch.randn(5, 3)
+    y = torch.tensor([0, 2, 0, 4, 3])
+    expected = brute_force_losses(
+        head,
+        z,
+        y,
+        draws=stream.expand(5, -1),
+        log_q_sampled=lambda j: probs[j].log(),
+        log_q_batch=lambda j: (counts[j] / counts.sum()).log(),
+    ).mean()
+    torch.testing.assert_close(head(z, y), expected)
+
+
+def in_batch_bias_gradient_error(num_negatives, batch, batches=6):
+    """Relative error of the in-batch gradient of a bias-only model (4 classes, ``z = 1``, zero
+    class vectors and biases) against the full softmax's, on batches of targets drawn from
+    (.6, .25, .1, .05), with ``q_b`` given exactly."""
+    p = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    head = SampledSoftmaxHead(
+        4,
+        1,
+        UniformSampler(4),
+        num_negatives,
+        in_batch_negatives=True,
+        target_counts=p,
+        bias=True,
+        weight=torch.nn.Parameter(torch.zeros(4, 1)),
+    )
+    g = torch.Generator().manual_seed(batch)
+    full, total = torch.zeros(4), torch.zeros(4)
+    for i in range(batches):
+        y = torch.multinomial(p, batch, replacement=True, generator=g)
+        z = torch.ones(batch, 1)
+        full += torch.autograd.grad(head.full_loss(z, y), head.bias)[0]
+        torch.manual_seed(i)
+        total += torch.autograd.grad(head(z, y), head.bias)[0]
+    return float((total - full).norm() / full.norm())
+
+
+@pytest.mark.parametrize("num_negatives", [0, 20])
+def test_in_batch_and_mixed_negatives_are_consistent_for_likely_targets(num_negatives):
+    errors = [in_batch_bias_gradient_error(num_negatives, t) for t in (8, 64, 1024)]
+    assert errors[0] > errors[1] > errors[2], errors
+    assert errors[-1] <= 0.05, errors
+
+
+def test_in_batch_negatives_train_sparse_and_shared_like_dense():
+    torch.manual_seed(3)
+    weight = torch.nn.Parameter(torch.randn(30, 4))
+    z = torch.randn(9, 4)
+    y = torch.randint(30, (9,))
+    grads = []
+    for sparse in (False, True):
+        head = SampledSoftmaxHead(
+            30,
+            4,
+            num_negatives=5,
+            shared_negatives=True,
+            in_batch_negatives=True,
+            sparse_grad=sparse,
+            weight=weight,
+        )
+        weight.grad = None
+        torch.manual_seed(4)
+        head(z, y).backward()
+        grads.append(weight.grad.to_dense())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_training_counts_targets_and_evaluation_before_training_uses_the_batch():
+    head = SampledSoftmaxHead(10, 2, num_negatives=0, in_batch_negatives=True)
+    z, y = torch.randn(4, 2), torch.tensor([1, 1, 2, 3])
+    head.eval()
+    assert torch.isfinite(head(z, y))  # a sanity check before any training step
+    assert not head.target_frequency.ready
+    head.train()
+    head(z, y)
+    assert head.target_frequency.ready
+    torch.testing.assert_close(
+        head.target_frequency.log_prob(torch.tensor([1, 2])), torch.tensor([0.5, 0.25]).log()
+    )
+
+
+def test_in_batch_bad_input_is_refused():
+    head = SampledSoftmaxHead(10, 2, num_negatives=0, in_batch_negatives=True)
+    with pytest.raises(ValueError, match="at least two scored positions"):
+        head(torch.randn(1, 2), torch.tensor([3]))
+    with pytest.raises(ValueError, match="num_negatives must be >= 0"):
+        SampledSoftmaxHead(10, 2, num_negatives=-1, in_batch_negatives=True)
+    with pytest.raises(ValueError, match="num_negatives must be a positive integer"):
+        SampledSoftmaxHead(10, 2, num_negatives=0)
+    with pytest.raises(ValueError, match="only used with in_batch_negatives"):
+        SampledSoftmaxHead(10, 2, target_counts=torch.ones(10))
