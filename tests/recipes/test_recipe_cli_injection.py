@@ -42,10 +42,11 @@ def printed_config(args: list[str], capsys) -> dict:
 def test_print_config_names_the_head_and_sampler_classes_with_their_init_args(capsys):
     model = printed_config(recipe("midx_rq"), capsys)["model"]["init_args"]
     head, sampler = model["head"], model["sampler"]
-    assert head["class_path"].startswith("lightning_sampled.")
+    assert head["class_path"] == "lightning_sampled.heads.SampledSoftmaxHead"
     assert import_object(head["class_path"]) is SampledSoftmaxHead
     assert head["init_args"]["num_negatives"] == 100  # from the head config
     assert head["init_args"]["convention"] == "exact_positive"  # the class's own default
+    assert sampler["class_path"] == "lightning_sampled.samplers.MIDXSampler"
     assert import_object(sampler["class_path"]) is MIDXSampler
     assert sampler["init_args"]["codebook_size"] == 32 and sampler["init_args"]["quantizer"] == "rq"
     assert not INJECTED & (set(head["init_args"]) | set(sampler["init_args"]))
