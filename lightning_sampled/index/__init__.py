@@ -3,12 +3,15 @@
 from .cells import Cells, build_cells, cell_of
 from .kmeans import check_norms, kmeans, nearest_centroid
 from .quantizers import ProductQuantizer, Quantizer, ResidualQuantizer, make_quantizer
+from .tree import ClassTree, beam_search
 
 __all__ = [
     "Cells",
+    "ClassTree",
     "ProductQuantizer",
     "Quantizer",
     "ResidualQuantizer",
+    "beam_search",
     "build_cells",
     "check_norms",
     "cell_of",

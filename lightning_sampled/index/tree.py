@@ -1,0 +1,566 @@
+"""The class tree of CANE (Sections 4.2 and 5, supplementary B and C) and its batched beam search.
+
+A :class:`ClassTree` is implicit: a leaf order (which class sits at each leaf position) and the
+branching factor of every level. Node ``i`` of level ``l`` covers the leaf positions
+``[i * span[l], min((i + 1) * span[l], N))`` with ``span[l] = prod(branchings[l:])``, so a tree of
+a million classes is two ``[N]`` tensors, and a node's children, descendants and ancestors are
+arithmetic on positions. The trees are built three ways:
+
+- :meth:`ClassTree.balanced`: a given leaf order under a balanced ``b``-ary tree of depth
+  ``ceil(log_b N)``;
+- :meth:`ClassTree.from_vectors`: Algorithm 4, hierarchical k-means over class vectors; the leaves
+  of the (unbalanced) k-means tree read left to right give the leaf order of a balanced tree;
+- :meth:`ClassTree.by_frequency`: the language-model tree of Section 5, one layer of subsets of
+  frequency-ordered classes under the root.
+
+:func:`beam_search` is Algorithm 3 batched over the queries: at every level it scores the children
+of the beam of each query and keeps the best ``beam`` of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from .kmeans import check_norms
+
+# Memory of the padded points of a batch of clusters split together by k-means.
+_KMEANS_BATCH_BYTES = 64 * 2**20
+# Memory of the gathered ``[queries, beam * b, D]`` fp32 vectors of a query chunk of the beam
+# search: chunks that stay in cache ran 1.5-2x faster than 64 MiB ones at beam 100 (one thread).
+_BEAM_CHUNK_BYTES = 8 * 2**20
+# The beam search scores a level whole (one matrix product, then a gather of scores) rather than
+# gathering its vectors when it has at most this many times as many nodes as the children it
+# scores per query: on one CPU thread a gathered row costs about as much as 64 scored by a
+# matrix product (measured at D = 64).
+_DENSE_LEVEL_RATIO = 32
+# The Lloyd steps of a split train on at most this many random points per centroid. faiss uses
+# 256; 1024 raised the beam search's recall of the exact top-10 by 0.03 on clustered tables of
+# 1e5 and 1e6 classes, for 20% more build time.
+_TRAINING_POINTS_PER_CENTROID = 1024
+
+
+class ClassTree:
+    """An implicit balanced tree over ``N`` classes: a leaf order and per-level branching factors.
+
+    Level 0 is the root (one node), level ``L = len(branchings)`` holds the ``N`` leaves (leaf
+    positions ``0..N-1``). Node ``i`` at level ``l`` covers leaf positions
+    ``[i * span[l], min((i + 1) * span[l], N))`` with ``span[l] = prod(branchings[l:])``; its
+    children are the nodes ``i * branchings[l] + c``, ``c < branchings[l]``, that exist
+    (``start < N``). ``level_sizes()[l] = ceil(N / span[l])``.
+
+    Attributes:
+        branchings: ``(b_1, ..., b_L)``, every ``b_l >= 1`` and ``prod(branchings) >= N``.
+        leaf_order: long ``[N]``: leaf position -> class id (a permutation of ``0..N-1``).
+        leaf_position: long ``[N]``: class id -> leaf position (the inverse permutation).
+    """
+
+    def __init__(self, branchings: tuple[int, ...] | list[int], leaf_order: Tensor) -> None:
+        """Validates and stores the tree.
+
+        Args:
+            branchings: the branching factor of every level, root first.
+            leaf_order: long ``[N]``, a permutation of ``0..N-1``.
+
+        Raises:
+            ValueError: if ``leaf_order`` is not a permutation of ``0..N-1`` (``N >= 1``), if
+                ``branchings`` is empty, holds a factor below 1, or has a product below ``N``.
+        """
+        _check_permutation("leaf_order", leaf_order)
+        branchings = tuple(int(b) for b in branchings)
+        num_classes = leaf_order.numel()
+        if not branchings or min(branchings) < 1 or math.prod(branchings) < num_classes:
+            raise ValueError(
+                f"branchings must be factors >= 1 whose product covers the N={num_classes} "
+                f"classes, got {branchings}"
+            )
+        self.branchings = branchings
+        self.leaf_order = leaf_order
+        self.leaf_position = torch.empty_like(leaf_order)
+        self.leaf_position[leaf_order] = torch.arange(num_classes, device=leaf_order.device)
+        self._spans = [math.prod(branchings[level:]) for level in range(len(branchings) + 1)]
+
+    @property
+    def num_classes(self) -> int:
+        """``N``, the number of leaves."""
+        return self.leaf_order.numel()
+
+    @property
+    def depth(self) -> int:
+        """``L``, the level of the leaves."""
+        return len(self.branchings)
+
+    def level_sizes(self) -> list[int]:
+        """The number of nodes of every level, ``[1, n_1, ..., n_L = N]``."""
+        return [-(-self.num_classes // span) for span in self._spans]
+
+    def ancestors(self, class_ids: Tensor) -> list[Tensor]:
+        """The ancestors of classes at the internal levels ``1..L-1``.
+
+        Args:
+            class_ids: long ``[*S]`` class ids.
+
+        Returns:
+            ``L - 1`` long tensors ``[*S]``: the node index of each class's ancestor at level
+            ``1, ..., L-1`` (the root and the leaf itself are left out).
+        """
+        positions = self.leaf_position.to(class_ids.device)[class_ids]
+        return [
+            torch.div(positions, self._spans[level], rounding_mode="floor")
+            for level in range(1, self.depth)
+        ]
+
+    def to_tensors(self) -> tuple[Tensor, Tensor]:
+        """``(branchings long [L], leaf_order long [N])``: the whole tree, for persistent buffers;
+        :meth:`from_tensors` rebuilds it."""
+        return torch.tensor(self.branchings, dtype=torch.long), self.leaf_order
+
+    @classmethod
+    def from_tensors(cls, branchings: Tensor, leaf_order: Tensor) -> ClassTree:
+        """The tree that :meth:`to_tensors` returned (validated again)."""
+        return cls(tuple(branchings.tolist()), leaf_order)
+
+    @classmethod
+    def balanced(cls, leaf_order: Tensor, branching: int) -> ClassTree:
+        """A balanced ``branching``-ary tree over the given leaf order.
+
+        Its depth is ``ceil(log_b N)``, and 1 for ``N = 1`` (a root over one leaf), so that the
+        leaves are always a level of their own (the one :func:`beam_search` scores by class id).
+
+        Args:
+            leaf_order: long ``[N]``: leaf position -> class id, a permutation.
+            branching: ``b >= 2``.
+
+        Raises:
+            ValueError: if ``branching < 2`` or ``leaf_order`` is not a permutation.
+        """
+        _check_branching(branching)
+        return cls((branching,) * _balanced_depth(leaf_order.numel(), branching), leaf_order)
+
+    @classmethod
+    def from_vectors(
+        cls, vectors: Tensor, branching: int, *, seed: int = 0, iterations: int = 5
+    ) -> ClassTree:
+        """Algorithm 4 (CANE supplementary C): hierarchical k-means, then a balanced tree.
+
+        Level by level, every cluster of more than one class is split into ``branching``
+        sub-clusters by ``iterations`` Lloyd steps, all clusters of a level at once
+        (:func:`hierarchical_kmeans_positions`); the leaves of that k-means tree, read left to
+        right, are the leaf order of a balanced ``branching``-ary tree (:meth:`balanced`), which
+        keeps similar classes under the same nodes while bounding the depth. Extra memory: about
+        one fp32 copy of ``vectors`` (the points of the first split, padded batches of about
+        64 MiB below it). On one CPU thread, ``N = 1e6, D = 64, b = 10`` takes about 15 s of CPU.
+
+        Args:
+            vectors: ``[N, D]`` class vectors (class centres, or the class embeddings).
+            branching: ``b >= 2``, both of the k-means splits and of the balanced tree.
+            seed: seed of the random choice of the initial centroids.
+            iterations: Lloyd steps per split, ``>= 0``.
+
+        Raises:
+            ValueError: if ``branching < 2``, ``iterations < 0``, ``vectors`` is not a non-empty
+                ``[N, D]`` table of finite values, or a row's norm would overflow fp32 distances.
+        """
+        _check_branching(branching)
+        if iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {iterations}")
+        if vectors.dim() != 2 or vectors.shape[0] < 1:
+            raise ValueError(f"vectors must be [N, D] with N >= 1, got {tuple(vectors.shape)}")
+        low, high = torch.aminmax(vectors.detach())
+        if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+            raise ValueError(
+                f"vectors holds NaN or infinite values (range [{float(low)}, {float(high)}])"
+            )
+        check_norms("from_vectors: vectors", vectors)
+        positions = hierarchical_kmeans_positions(
+            vectors.detach().float(), branching, seed=seed, iterations=iterations
+        )
+        leaf_order = torch.empty_like(positions)
+        leaf_order[positions] = torch.arange(positions.numel(), device=positions.device)
+        return cls.balanced(leaf_order, branching)
+
+    @classmethod
+    def by_frequency(cls, counts: Tensor, num_subsets: int) -> ClassTree:
+        """The language-model tree of Section 5: frequency-ordered subsets under the root.
+
+        Classes sorted by decreasing count (ties by class id) are cut into consecutive subsets of
+        ``ceil(N / num_subsets)`` classes: ``branchings = (num_subsets, ceil(N / num_subsets))``.
+        Subset 0 holds the most frequent classes; there are ``ceil(N / ceil(N / num_subsets))``
+        subsets, which is ``num_subsets`` unless equal sizes cannot make that many.
+
+        Args:
+            counts: ``[N]`` non-negative class frequencies.
+            num_subsets: ``1 <= num_subsets <= N``.
+
+        Raises:
+            ValueError: if ``counts`` is not a non-empty 1-D tensor of finite non-negative values
+                or ``num_subsets`` is out of range.
+        """
+        if counts.dim() != 1 or counts.numel() < 1:
+            raise ValueError(f"counts must be [N] with N >= 1, got shape {tuple(counts.shape)}")
+        if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
+            raise ValueError("counts must be finite and non-negative")
+        num_classes = counts.numel()
+        if not 1 <= num_subsets <= num_classes:
+            raise ValueError(f"num_subsets must be in [1, N={num_classes}], got {num_subsets}")
+        leaf_order = torch.sort(counts, descending=True, stable=True).indices
+        return cls((num_subsets, -(-num_classes // num_subsets)), leaf_order)
+
+
+def hierarchical_kmeans_positions(
+    x: Tensor, branching: int, *, seed: int, iterations: int
+) -> Tensor:
+    """The leaf position of every point in the hierarchical k-means tree (Algorithm 4, steps 3-17).
+
+    Clusters are numbered in the lexicographic order of their paths from the root. At every level
+    each cluster of more than one point is split into ``branching`` sub-clusters
+    (:func:`split_clusters`); the new clusters are renumbered in path order, until every cluster is
+    one point, whose number is then its leaf position. A split that leaves every point of a cluster
+    together (duplicated points) is redone by rank, and after ``2 * ceil(log_b N) + 2`` levels of
+    k-means (a pathologically unbalanced tree) the remaining clusters are split by rank too, so
+    the number of levels stays ``O(log_b N)`` beyond that.
+
+    Args:
+        x: ``[N, D]`` fp32 points.
+        branching: ``b >= 2``.
+        seed: seed of the initial centroids and of the rank order.
+        iterations: Lloyd steps per split.
+
+    Returns:
+        long ``[N]``: the leaf position of each point.
+    """
+    num_points = x.shape[0]
+    generator = torch.Generator(device=x.device).manual_seed(seed)
+    cluster = torch.zeros(num_points, dtype=torch.long, device=x.device)
+    num_clusters = 1
+    kmeans_levels = 2 * _balanced_depth(num_points, branching) + 2
+    level = 0
+    while num_clusters < num_points:
+        sizes = torch.bincount(cluster, minlength=num_clusters)
+        splits = sizes > 1
+        members = splits[cluster].nonzero().squeeze(1)
+        sub = split_clusters(
+            x,
+            members,
+            (torch.cumsum(splits, 0) - 1)[cluster[members]],
+            sizes[splits],
+            branching,
+            generator=generator,
+            iterations=iterations if level < kmeans_levels else None,
+        )
+        path = cluster * branching
+        path[members] += sub
+        cluster = torch.unique(path, return_inverse=True)[1]
+        num_clusters = int(cluster.max()) + 1
+        level += 1
+    return cluster
+
+
+def split_clusters(
+    x: Tensor,
+    members: Tensor,
+    local: Tensor,
+    sizes: Tensor,
+    branching: int,
+    *,
+    generator: torch.Generator,
+    iterations: int | None,
+) -> Tensor:
+    """Splits every given cluster into at most ``branching`` sub-clusters, by batched Lloyd steps.
+
+    A cluster of more than ``b`` points seeds ``b`` centroids from distinct random members and
+    runs ``iterations`` Lloyd steps on a random sample of at most
+    :data:`_TRAINING_POINTS_PER_CENTROID` ``* b`` of its points (as faiss samples), in which its
+    points see only its own centroids (a sub-cluster that empties keeps its centroid); then all
+    of its points take their nearest centroid. Clusters of similar sizes are padded into one
+    batch and split together (:func:`_split_batch`), so a level costs a few batched matrix
+    products rather than one k-means call per cluster. Clusters of at most ``b`` points, a
+    cluster whose points all end in one sub-cluster (duplicated points), and every cluster when
+    ``iterations`` is ``None``, are split by the random rank of their points instead
+    (``rank * b // size``), so that every cluster is split.
+
+    Args:
+        x: ``[N, D]`` fp32 points.
+        members: long ``[m]``: the points to split (those of clusters of two points or more).
+        local: long ``[m]``: the cluster ``0..C-1`` of each of them.
+        sizes: long ``[C]``: the size of each cluster.
+        branching: ``b``.
+        generator: source of the seeds and ranks.
+        iterations: Lloyd steps, or ``None`` to split every cluster by rank.
+
+    Returns:
+        long ``[m]``: the sub-cluster ``0..b-1`` of each member.
+    """
+    first = torch.cumsum(sizes, 0) - sizes
+    by_cluster, rank = _random_ranks(local, first, generator)
+    by_rank = torch.div(rank * branching, sizes[local], rounding_mode="floor")
+    if iterations is None:
+        return by_rank
+    sub = by_rank.clone()
+    unsplit = sizes <= branching
+    row_bytes = 4 * (x.shape[1] + 3 * branching)
+    for clusters in _batches_of_similar_size(sizes, (~unsplit).nonzero().squeeze(1), row_bytes):
+        ranks = torch.arange(int(sizes[clusters].max()), device=x.device)
+        real = ranks < sizes[clusters, None]
+        batch = by_cluster[torch.where(real, first[clusters, None] + ranks, first[clusters, None])]
+        points = x.index_select(0, members[batch.reshape(-1)]).view(*batch.shape, -1)
+        batch_sub, unsplit[clusters] = _split_batch(points, real, branching, iterations)
+        sub[batch[real]] = batch_sub[real]
+    return torch.where(unsplit[local], by_rank, sub)
+
+
+def _split_batch(
+    points: Tensor, real: Tensor, branching: int, iterations: int
+) -> tuple[Tensor, Tensor]:
+    """k-means with ``b`` centroids on each of a batch of clusters at once.
+
+    Args:
+        points: ``[c, P, D]`` fp32: the points of ``c`` clusters of more than ``b`` points each,
+            in random order, padded to ``P``.
+        real: bool ``[c, P]``: which of them are points (the first ``size`` of each row).
+        branching: ``b``.
+        iterations: Lloyd steps, on the first :data:`_TRAINING_POINTS_PER_CENTROID` ``* b``
+            points of each cluster (a random sample), from the first ``b`` as centroids.
+
+    Returns:
+        ``(sub long [c, P], unsplit bool [c])``: the index of each point's nearest centroid, and
+        whether all of a cluster's points have the same one.
+    """
+    train = points[:, : _TRAINING_POINTS_PER_CENTROID * branching]
+    train_real = real[:, : train.shape[1]]
+    centroids = train[:, :branching].clone()
+    for _ in range(iterations):
+        sub = _nearest_centroid(train, centroids)
+        one_hot = torch.nn.functional.one_hot(sub, branching).to(train.dtype)
+        one_hot *= train_real[..., None]
+        counts = one_hot.sum(1)
+        sums = torch.bmm(one_hot.transpose(1, 2), train)
+        centroids = torch.where(
+            counts[..., None] > 0, sums / counts.clamp(min=1)[..., None], centroids
+        )
+    sub = _nearest_centroid(points, centroids)
+    counts = torch.zeros_like(sub[:, :branching]).scatter_add_(1, sub, real.long())
+    return sub, counts.amax(1) == real.sum(1)
+
+
+def _nearest_centroid(points: Tensor, centroids: Tensor) -> Tensor:
+    """Index ``[c, P]`` of the nearest of its own cluster's ``centroids [c, b, D]`` of every point
+    of ``points [c, P, D]``, by squared Euclidean distance."""
+    # argmin_j ||x - c_j||^2 = argmin_j (||c_j||^2 / 2 - x . c_j)
+    half_norms = 0.5 * (centroids * centroids).sum(2)
+    distances = torch.baddbmm(half_norms[:, None, :], points, centroids.transpose(1, 2), alpha=-1)
+    return distances.argmin(2)
+
+
+def _batches_of_similar_size(sizes: Tensor, clusters: Tensor, row_bytes: int) -> Iterator[Tensor]:
+    """Groups ``clusters`` (long ``[C']`` ids into ``sizes [C]``) by size for padded batches: ids
+    of clusters whose sizes lie in one power-of-two range ``(2^(j-1), 2^j]`` (so padding at most
+    doubles the work), as many as keep ``count * 2^j * row_bytes`` near
+    :data:`_KMEANS_BATCH_BYTES` (at least one)."""
+    order = clusters[torch.argsort(sizes[clusters])]
+    bins = torch.ceil(torch.log2(sizes[order].double())).long()
+    bin_ids, bin_counts = torch.unique_consecutive(bins, return_counts=True)
+    start = 0
+    for bin_id, count in zip(bin_ids.tolist(), bin_counts.tolist(), strict=True):
+        per_batch = max(1, _KMEANS_BATCH_BYTES // (2**bin_id * row_bytes))
+        for offset in range(0, count, per_batch):
+            yield order[start + offset : start + min(offset + per_batch, count)]
+        start += count
+
+
+@torch.no_grad()
+def beam_search(
+    tree: ClassTree,
+    z: Tensor,
+    level_vectors: list[Tensor],
+    beam: int,
+    k: int,
+    *,
+    accumulate: bool,
+    leaf_bias: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Algorithm 3 (CANE supplementary B), batched over the queries: the top-k leaves by beam.
+
+    From the root down, every level scores the children of the nodes in each query's beam and
+    keeps the ``beam`` best. A node's score is ``z . v_node``, or with ``accumulate`` its parent's
+    score plus ``z . v_node`` (the path sums of the Beam Tree model, Eq. 9); ``leaf_bias`` is
+    added to the leaves. With ``beam >= N`` nothing is pruned and the result is the exact top-k.
+    Not differentiated (selection only); memory ``O(chunk_size * beam * b * max(D, 32))``.
+
+    Args:
+        tree: the :class:`ClassTree` (its tensors on ``z``'s device).
+        z: ``[T, D]`` queries.
+        level_vectors: ``L`` tensors, ``level_vectors[l - 1]`` ``[n_l, D]`` the vectors of the
+            nodes of level ``l``: levels ``1..L-1`` by node index, the last (the leaves) by class
+            id, so a head passes its ``[N, D]`` class table as it is.
+        beam: ``J >= k``, the nodes kept per level.
+        k: the number of classes returned, ``1 <= k <= N``.
+        accumulate: whether scores are path sums.
+        leaf_bias: optional ``[N]`` per-class bias, by class id.
+        chunk_size: queries per chunk; by default as many as keep the gathered
+            ``[chunk, beam * b, D]`` fp32 vectors (or the ``[chunk, n_l]`` scores of a level
+            scored whole) near 8 MiB.
+
+    Returns:
+        ``(scores fp32 [T, k], class_ids long [T, k])``, sorted by descending score.
+
+    Raises:
+        ValueError: if ``k``, ``beam`` or ``chunk_size`` is out of range, or a tensor's shape
+            does not match.
+    """
+    _check_beam_search(tree, z, level_vectors, beam, k, leaf_bias)
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if chunk_size is None:
+        width = beam * max(tree.branchings)
+        chunk_size = max(1, _BEAM_CHUNK_BYTES // (4 * width * max(z.shape[1], _DENSE_LEVEL_RATIO)))
+    results = [
+        _beam_search_chunk(
+            tree, z[start : start + chunk_size], level_vectors, beam, accumulate, leaf_bias
+        )
+        for start in range(0, z.shape[0], chunk_size)
+    ]
+    scores = torch.cat([scores[:, :k] for scores, _ in results])
+    positions = torch.cat([positions[:, :k] for _, positions in results])
+    return scores, tree.leaf_order[positions]
+
+
+def _beam_search_chunk(
+    tree: ClassTree,
+    z: Tensor,
+    level_vectors: list[Tensor],
+    beam: int,
+    accumulate: bool,
+    leaf_bias: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The beam of leaves of queries ``z`` ``[t, D]``: ``(scores [t, w], leaf positions [t, w])``
+    sorted by descending score, ``w = min(beam, ...)``; the first ``min(beam, N)`` are leaves."""
+    queries = z.shape[0]
+    z = z.float()
+    nodes = torch.zeros(queries, 1, dtype=torch.long, device=z.device)
+    scores = torch.zeros(queries, 1, device=z.device)
+    exists = torch.ones(queries, 1, dtype=torch.bool, device=z.device)
+    sizes = tree.level_sizes()
+    for level, (branching, vectors) in enumerate(
+        zip(tree.branchings, level_vectors, strict=True), start=1
+    ):
+        offsets = torch.arange(branching, device=z.device)
+        children = (nodes[:, :, None] * branching + offsets).reshape(queries, -1)
+        exists = exists[:, :, None] & (children < sizes[level]).view(queries, -1, branching)
+        exists = exists.reshape(queries, -1)
+        children = children.masked_fill(~exists, 0)
+        rows = tree.leaf_order[children] if level == tree.depth else children
+        child_scores = _gathered_dot(vectors, rows, z)
+        if level == tree.depth and leaf_bias is not None:
+            child_scores += leaf_bias[rows].float()
+        if accumulate:
+            child_scores += scores.repeat_interleave(branching, dim=1)
+        child_scores.masked_fill_(~exists, -math.inf)
+        scores, best = child_scores.topk(min(beam, child_scores.shape[1]), dim=1)
+        nodes = children.gather(1, best)
+        exists = exists.gather(1, best)
+    return scores, nodes
+
+
+def _gathered_dot(vectors: Tensor, rows: Tensor, z: Tensor) -> Tensor:
+    """``vectors[rows[t, j]] . z[t]`` fp32 ``[t, w]`` (``rows`` long ``[t, w]``, ``z [t, D]``).
+
+    A level of at most :data:`_DENSE_LEVEL_RATIO` ``* w`` vectors is scored whole by one matrix
+    product and the scores are gathered; a larger one has its rows gathered, ``[t, w, D]``.
+    """
+    if vectors.shape[0] <= _DENSE_LEVEL_RATIO * rows.shape[1]:
+        return (z.float() @ vectors.float().T).gather(1, rows)
+    gathered = vectors.index_select(0, rows.reshape(-1)).view(*rows.shape, -1).float()
+    return torch.bmm(gathered, z.float()[:, :, None]).squeeze(2)
+
+
+def _random_ranks(
+    local: Tensor, first: Tensor, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """A random order of the points within each cluster.
+
+    Args:
+        local: long ``[m]``: the cluster ``0..C-1`` of every point.
+        first: long ``[C]``: where each cluster starts when the points are grouped by cluster.
+        generator: source of the order.
+
+    Returns:
+        ``(by_cluster, rank)``, long ``[m]`` each: ``by_cluster[first[c] + r]`` is the point of
+        rank ``r`` in cluster ``c``, and ``rank`` the rank of every point.
+    """
+    noise = torch.randint(0, 2**31, local.shape, generator=generator, device=local.device)
+    by_cluster = torch.sort(local * 2**31 + noise).indices
+    rank = torch.empty_like(local)
+    rank[by_cluster] = torch.arange(local.numel(), device=local.device) - first[local[by_cluster]]
+    return by_cluster, rank
+
+
+def _balanced_depth(num_classes: int, branching: int) -> int:
+    """``max(1, ceil(log_b N))``, in integers."""
+    depth, span = 1, branching
+    while span < num_classes:
+        depth, span = depth + 1, span * branching
+    return depth
+
+
+def _check_branching(branching: int) -> None:
+    if not isinstance(branching, int) or branching < 2:
+        raise ValueError(f"branching must be an integer >= 2, got {branching!r}")
+
+
+def _check_permutation(name: str, order: Tensor) -> None:
+    """Raises ``ValueError`` unless ``order`` is a long ``[N]`` permutation of ``0..N-1``."""
+    if order.dim() != 1 or order.numel() < 1 or order.dtype != torch.long:
+        raise ValueError(
+            f"{name} must be a non-empty 1-D long tensor, got {order.dtype} {tuple(order.shape)}"
+        )
+    low, high = torch.aminmax(order)
+    if int(low) < 0 or int(high) >= order.numel():
+        raise ValueError(
+            f"{name} must be a permutation of 0..{order.numel() - 1}, holds values in "
+            f"[{int(low)}, {int(high)}]"
+        )
+    counts = torch.bincount(order, minlength=order.numel())
+    if bool((counts != 1).any()):
+        first = int((counts != 1).nonzero()[0])
+        raise ValueError(
+            f"{name} must be a permutation of 0..{order.numel() - 1}: class {first} appears "
+            f"{int(counts[first])} times"
+        )
+
+
+def _check_beam_search(
+    tree: ClassTree,
+    z: Tensor,
+    level_vectors: list[Tensor],
+    beam: int,
+    k: int,
+    leaf_bias: Tensor | None,
+) -> None:
+    """Raises ``ValueError`` on arguments of :func:`beam_search` that do not fit together."""
+    num_classes = tree.num_classes
+    if not 1 <= k <= num_classes:
+        raise ValueError(f"k must be in [1, N={num_classes}], got {k}")
+    if beam < k:
+        raise ValueError(f"beam must be >= k={k}, got {beam}")
+    if z.dim() != 2:
+        raise ValueError(f"z must be [T, D], got shape {tuple(z.shape)}")
+    if len(level_vectors) != tree.depth:
+        raise ValueError(
+            f"level_vectors must hold one tensor per level 1..{tree.depth}, got "
+            f"{len(level_vectors)}"
+        )
+    for level, (size, vectors) in enumerate(
+        zip(tree.level_sizes()[1:], level_vectors, strict=True), start=1
+    ):
+        if tuple(vectors.shape) != (size, z.shape[1]):
+            raise ValueError(
+                f"level_vectors[{level - 1}] must be [{size}, {z.shape[1]}] (level {level}), got "
+                f"{tuple(vectors.shape)}"
+            )
+    if leaf_bias is not None and tuple(leaf_bias.shape) != (num_classes,):
+        raise ValueError(f"leaf_bias must be [{num_classes}], got {tuple(leaf_bias.shape)}")

@@ -1,0 +1,363 @@
+"""The CANE class tree: shape of balanced trees, construction by hierarchical k-means and by
+frequency, ancestors, and the batched beam search against brute force and a per-query reference."""
+
+import math
+
+import pytest
+import torch
+
+from lightning_sampled.index import ClassTree, beam_search
+from lightning_sampled.index import tree as tree_module
+
+
+def random_tree(num_classes: int, branching: int, seed: int = 0) -> ClassTree:
+    order = torch.randperm(num_classes, generator=torch.Generator().manual_seed(seed))
+    return ClassTree.balanced(order, branching)
+
+
+def children(tree: ClassTree, level: int, node: int) -> list[int]:
+    """The children of ``node`` at ``level`` (0 = root), from the node spans."""
+    sizes = tree.level_sizes()
+    branching = tree.branchings[level]
+    return [
+        node * branching + c for c in range(branching) if node * branching + c < sizes[level + 1]
+    ]
+
+
+def node_range(tree: ClassTree, level: int, node: int) -> range:
+    span = math.prod(tree.branchings[level:])
+    return range(node * span, min((node + 1) * span, tree.num_classes))
+
+
+def walk_from_root(tree: ClassTree, class_id: int) -> list[int]:
+    """The nodes at levels 1..L on the way from the root to the leaf of ``class_id``."""
+    position = int(tree.leaf_position[class_id])
+    path, node = [], 0
+    for level in range(tree.depth):
+        (node,) = [
+            c for c in children(tree, level, node) if position in node_range(tree, level + 1, c)
+        ]
+        path.append(node)
+    return path
+
+
+def random_level_vectors(tree: ClassTree, dim: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(size, dim, generator=g) for size in tree.level_sizes()[1:]]
+
+
+def path_scores(tree: ClassTree, z, level_vectors, leaf_bias, accumulate: bool) -> torch.Tensor:
+    """Brute force: the score ``[T, N]`` of every class, walking its path from the root."""
+    scores = torch.empty(z.shape[0], tree.num_classes)
+    for class_id in range(tree.num_classes):
+        nodes = walk_from_root(tree, class_id)
+        leaf = z @ level_vectors[-1][class_id] + leaf_bias[class_id]
+        internal = [z @ level_vectors[level][node] for level, node in enumerate(nodes[:-1])]
+        scores[:, class_id] = leaf + (sum(internal) if accumulate and internal else 0)
+    return scores
+
+
+def reference_beam_search(tree, z, level_vectors, beam, k, accumulate, leaf_bias):
+    """Algorithm 3 one query at a time, with Python lists (no ties in random data)."""
+    all_scores, all_ids = [], []
+    for query in z:
+        frontier = [(0.0, 0)]
+        for level in range(tree.depth):
+            scored = []
+            for parent_score, node in frontier:
+                for child in children(tree, level, node):
+                    is_leaf = level + 1 == tree.depth
+                    row = int(tree.leaf_order[child]) if is_leaf else child
+                    score = float(query @ level_vectors[level][row])
+                    score += float(leaf_bias[row]) if is_leaf else 0.0
+                    scored.append((score + (parent_score if accumulate else 0.0), child))
+            frontier = sorted(scored, reverse=True)[:beam]
+        all_scores.append([score for score, _ in frontier[:k]])
+        all_ids.append([int(tree.leaf_order[leaf]) for _, leaf in frontier[:k]])
+    return torch.tensor(all_scores), torch.tensor(all_ids)
+
+
+@pytest.fixture(params=["gathered", "dense"])
+def scoring(request, monkeypatch):
+    """Runs a beam-search test with every level's vectors gathered, then with every level scored
+    whole by a matrix product (the two ways :func:`beam_search` scores a level)."""
+    monkeypatch.setattr(
+        tree_module, "_DENSE_LEVEL_RATIO", 0 if request.param == "gathered" else 10**9
+    )
+    return request.param
+
+
+@pytest.mark.parametrize(
+    ("num_classes", "branching", "depth"),
+    [(1, 2, 1), (1, 10, 1), (2, 2, 1), (2, 10, 1), (3, 2, 2), (4, 2, 2), (5, 2, 3), (10, 10, 1),
+     (11, 10, 2), (100, 10, 2), (101, 10, 3), (1000, 10, 3), (1001, 10, 4), (27, 3, 3), (28, 3, 4),
+     (100, 7, 3)],
+)  # fmt: skip
+def test_balanced_depth_is_ceil_log_b_n(num_classes, branching, depth):
+    tree = random_tree(num_classes, branching)
+    assert tree.branchings == (branching,) * depth
+    assert tree.depth == depth
+    sizes = tree.level_sizes()
+    assert sizes[0] == 1 and sizes[-1] == num_classes
+    # every level but the leaves holds ceil(size of the level below / b) nodes
+    for level in range(depth):
+        assert sizes[level] == -(-sizes[level + 1] // branching)
+
+
+@pytest.mark.parametrize("num_classes", [1, 2, 7, 100, 1001])
+def test_from_vectors_holds_every_class_at_exactly_one_leaf(num_classes):
+    x = torch.randn(num_classes, 5, generator=torch.Generator().manual_seed(num_classes))
+    tree = ClassTree.from_vectors(x, 3, seed=1)
+    assert torch.equal(torch.sort(tree.leaf_order).values, torch.arange(num_classes))
+    assert torch.equal(tree.leaf_position[tree.leaf_order], torch.arange(num_classes))
+    assert tree.branchings == ClassTree.balanced(tree.leaf_order, 3).branchings
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [random_tree(1, 4), random_tree(10, 2), random_tree(64, 4), random_tree(65, 4),
+     random_tree(1234, 10), ClassTree.by_frequency(torch.rand(103), 7)],
+)  # fmt: skip
+def test_node_spans_partition_the_leaves_at_every_level(tree):
+    for level, size in enumerate(tree.level_sizes()):
+        ranges = [node_range(tree, level, node) for node in range(size)]
+        assert all(len(r) > 0 for r in ranges)
+        assert [p for r in ranges for p in r] == list(range(tree.num_classes))
+        if level < tree.depth:  # the children of a node partition its leaves
+            for node, r in enumerate(ranges):
+                below = [node_range(tree, level + 1, c) for c in children(tree, level, node)]
+                assert [p for c in below for p in c] == list(r)
+
+
+@pytest.mark.parametrize(
+    "tree", [random_tree(1, 3), random_tree(2, 3), random_tree(50, 3), random_tree(81, 3),
+             ClassTree.by_frequency(torch.rand(23), 5)],
+)  # fmt: skip
+def test_ancestors_match_a_walk_from_the_root(tree):
+    ids = torch.arange(tree.num_classes).flip(0).reshape(-1, 1)
+    ancestors = tree.ancestors(ids)
+    assert len(ancestors) == tree.depth - 1
+    for class_id in range(tree.num_classes):
+        walk = walk_from_root(tree, class_id)
+        row = tree.num_classes - 1 - class_id
+        assert [int(a[row, 0]) for a in ancestors] == walk[:-1]
+        assert all(a.shape == ids.shape for a in ancestors)
+
+
+@pytest.mark.parametrize("tree", [random_tree(53, 3), random_tree(64, 4), random_tree(1, 2),
+                                  ClassTree.by_frequency(torch.rand(29), 4)])  # fmt: skip
+@pytest.mark.parametrize("beam_over_n", [0, 5])
+def test_beam_of_n_is_the_exact_topk_of_the_leaf_scores(tree, beam_over_n, scoring):
+    n = tree.num_classes
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(9, 6, generator=g)
+    vectors = random_level_vectors(tree, 6, seed=4)
+    bias = torch.randn(n, generator=g)
+    k = min(5, n)
+    scores, ids = beam_search(
+        tree, z, vectors, n + beam_over_n, k, accumulate=False, leaf_bias=bias
+    )
+    expected = torch.topk(z @ vectors[-1].T + bias, k)
+    torch.testing.assert_close(scores, expected.values)
+    assert torch.equal(ids, expected.indices)
+    assert scores.dtype == torch.float32 and ids.dtype == torch.long
+
+
+@pytest.mark.parametrize("tree", [random_tree(53, 3), ClassTree.by_frequency(torch.rand(29), 4)])
+def test_accumulated_scores_are_the_path_sums(tree, scoring):
+    n = tree.num_classes
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(7, 4, generator=g)
+    vectors = random_level_vectors(tree, 4, seed=6)
+    bias = torch.randn(n, generator=g)
+    scores, ids = beam_search(tree, z, vectors, n, n, accumulate=True, leaf_bias=bias)
+    brute = path_scores(tree, z, vectors, bias, accumulate=True)
+    expected = torch.topk(brute, n)
+    torch.testing.assert_close(scores, expected.values)
+    assert torch.equal(ids, expected.indices)
+    torch.testing.assert_close(scores, brute.gather(1, ids))
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize(("num_classes", "branching", "beam", "k"), [(100, 3, 4, 3), (77, 5, 2, 2)])
+def test_small_beam_matches_a_per_query_reference(
+    accumulate, num_classes, branching, beam, k, scoring
+):
+    tree = random_tree(num_classes, branching, seed=7)
+    g = torch.Generator().manual_seed(8)
+    z = torch.randn(12, 5, generator=g)
+    vectors = random_level_vectors(tree, 5, seed=9)
+    bias = torch.randn(num_classes, generator=g)
+    expected = reference_beam_search(tree, z, vectors, beam, k, accumulate, bias)
+    for chunk_size in (None, 1, 5):
+        scores, ids = beam_search(
+            tree, z, vectors, beam, k, accumulate=accumulate, leaf_bias=bias, chunk_size=chunk_size
+        )
+        torch.testing.assert_close(scores, expected[0])
+        assert torch.equal(ids, expected[1])
+    exact = torch.topk(path_scores(tree, z, vectors, bias, accumulate), k).indices
+    assert not torch.equal(ids, exact)  # the beam is small enough to prune a true top class
+
+
+def planted_hierarchy(group_sizes: list[int], dim: int = 8, seed: int = 0):
+    """Vectors in 8 groups, split in halves at three scales (8, 2, 0.5) plus noise (0.05): each
+    halving is far clearer than the next, so 2-means recovers the groups level by level."""
+    g = torch.Generator().manual_seed(seed)
+    signs = torch.tensor(
+        [[1 - 2 * ((group >> bit) & 1) for bit in (2, 1, 0)] for group in range(8)]
+    )
+    centres = torch.zeros(8, dim)
+    centres[:, :3] = signs * torch.tensor([8.0, 2.0, 0.5])
+    groups = torch.repeat_interleave(torch.arange(8), torch.tensor(group_sizes))
+    x = centres[groups] + 0.05 * torch.randn(len(groups), dim, generator=g)
+    shuffle = torch.randperm(len(groups), generator=g)
+    return x[shuffle], groups[shuffle], centres
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_from_vectors_puts_planted_clusters_in_contiguous_leaf_ranges(seed):
+    x, groups, _ = planted_hierarchy([5, 9, 3, 7, 12, 4, 8, 6], seed=seed)
+    tree = ClassTree.from_vectors(x, 2, seed=seed)
+    for group in range(8):
+        positions = tree.leaf_position[groups == group]
+        assert int(positions.max() - positions.min()) + 1 == positions.numel(), group
+    # a random order leaves them scattered
+    scattered = random_tree(len(groups), 2, seed=seed).leaf_position[groups == 0]
+    assert int(scattered.max() - scattered.min()) + 1 > scattered.numel()
+
+
+def mean_vectors(tree: ClassTree, class_vectors: torch.Tensor) -> list[torch.Tensor]:
+    """The flat parameterisation: every internal node holds the mean of its classes' vectors."""
+    means = []
+    for level, nodes in enumerate(tree.ancestors(torch.arange(tree.num_classes)), start=1):
+        size = tree.level_sizes()[level]
+        sums = torch.zeros(size, class_vectors.shape[1]).index_add_(0, nodes, class_vectors)
+        means.append(sums / torch.bincount(nodes, minlength=size)[:, None])
+    return [*means, class_vectors]
+
+
+def test_small_beam_on_a_clustered_tree_finds_the_exact_topk():
+    x, groups, centres = planted_hierarchy([8] * 8, seed=3)
+    tree = ClassTree.from_vectors(x, 2, seed=3)
+    g = torch.Generator().manual_seed(4)
+    z = centres[torch.arange(40) % 8] + torch.cat(
+        [torch.zeros(40, 3), torch.randn(40, x.shape[1] - 3, generator=g)], dim=1
+    )
+    scores, ids = beam_search(tree, z, mean_vectors(tree, x), 8, 5, accumulate=False)
+    exact = torch.topk(z @ x.T, 5)
+    assert torch.equal(ids, exact.indices)
+    torch.testing.assert_close(scores, exact.values)
+    # the same beam over a random tree misses some of them
+    shuffled = random_tree(x.shape[0], 2, seed=3)
+    _, lost = beam_search(shuffled, z, mean_vectors(shuffled, x), 8, 5, accumulate=False)
+    assert not torch.equal(lost, exact.indices)
+
+
+def test_identical_vectors_are_split_by_rank_at_every_level(monkeypatch):
+    # k-means puts identical points in one sub-cluster; the split by rank must take over at once,
+    # not after the cap on k-means levels: 50 -> 17 -> 6 -> 2 -> 1 points per cluster
+    calls = []
+    split = tree_module.split_clusters
+    monkeypatch.setattr(
+        tree_module, "split_clusters", lambda *a, **kw: calls.append(1) or split(*a, **kw)
+    )
+    tree = ClassTree.from_vectors(torch.ones(50, 3), 3, iterations=2)
+    assert torch.equal(torch.sort(tree.leaf_order).values, torch.arange(50))
+    assert len(calls) == 4
+
+
+def test_from_vectors_is_seeded_and_terminates_on_duplicates_and_chains():
+    x = torch.randn(300, 4, generator=torch.Generator().manual_seed(0))
+    first = ClassTree.from_vectors(x, 4, seed=11)
+    assert torch.equal(first.leaf_order, ClassTree.from_vectors(x, 4, seed=11).leaf_order)
+    assert not torch.equal(first.leaf_order, ClassTree.from_vectors(x, 4, seed=12).leaf_order)
+    # identical vectors: k-means never separates them; the split by rank does
+    same = ClassTree.from_vectors(torch.zeros(50, 3), 3, iterations=2)
+    assert torch.equal(torch.sort(same.leaf_order).values, torch.arange(50))
+    # points at 1.5^i on a line: 2-means splits off the far end, level after level
+    chain = (1.5 ** torch.arange(60.0))[:, None]
+    tree = ClassTree.from_vectors(chain, 2)
+    assert torch.equal(torch.sort(tree.leaf_order).values, torch.arange(60))
+    for iterations in (0, 1):  # no Lloyd step: the random seeds split; one step: still a tree
+        assert ClassTree.from_vectors(x, 4, iterations=iterations).num_classes == 300
+
+
+def test_by_frequency_orders_classes_by_decreasing_count():
+    counts = torch.tensor([3, 50, 7, 50, 1, 20, 0, 9, 2, 11])
+    tree = ClassTree.by_frequency(counts, 3)
+    assert tree.branchings == (3, 4) and tree.level_sizes() == [1, 3, 10]
+    assert tree.leaf_order.tolist() == [1, 3, 5, 9, 7, 2, 0, 8, 4, 6]  # ties by class id
+    (subset,) = tree.ancestors(torch.arange(10))
+    assert set(torch.nonzero(subset == 0).squeeze(1).tolist()) == {1, 3, 5, 9}
+    assert subset.tolist() == [1, 0, 1, 0, 2, 0, 2, 1, 1, 0]
+    float_counts = ClassTree.by_frequency(counts.double(), 10)
+    assert float_counts.branchings == (10, 1) and float_counts.leaf_order.tolist()[:2] == [1, 3]
+    ties = ClassTree.by_frequency(torch.tensor([2, 7, 2, 7, 2, 7, 2, 2, 7]), 2)
+    assert ties.leaf_order.tolist() == [1, 3, 5, 8, 0, 2, 4, 6, 7]
+
+
+def test_tensors_round_trip():
+    tree = ClassTree.by_frequency(torch.rand(17), 4)
+    branchings, leaf_order = tree.to_tensors()
+    again = ClassTree.from_tensors(branchings, leaf_order.clone())
+    assert again.branchings == tree.branchings
+    assert torch.equal(again.leaf_order, tree.leaf_order)
+    assert torch.equal(again.leaf_position, tree.leaf_position)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: ClassTree.balanced(torch.arange(5), 1),
+            "branching must be an integer >= 2, got 1",
+        ),
+        (lambda: ClassTree.balanced(torch.arange(5), 2.0), "branching must be an integer >= 2"),
+        (lambda: ClassTree.from_vectors(torch.randn(5, 2), 0), "branching must be an integer >= 2"),
+        (lambda: ClassTree.balanced(torch.tensor([0, 2, 2]), 2), "class 1 appears 0 times"),
+        (lambda: ClassTree.balanced(torch.tensor([0, 1, 3]), 2), "holds values in \\[0, 3\\]"),
+        (lambda: ClassTree.balanced(torch.tensor([0, -1, 1]), 2), "holds values in \\[-1, 1\\]"),
+        (lambda: ClassTree.balanced(torch.tensor([0.0, 1.0]), 2), "leaf_order must be a non-empty"),
+        (lambda: ClassTree.balanced(torch.zeros(0, dtype=torch.long), 2), "leaf_order must be"),
+        (
+            lambda: ClassTree((2, 2), torch.arange(5)),
+            "product covers the N=5 classes, got \\(2, 2\\)",
+        ),
+        (lambda: ClassTree((3, 0), torch.arange(2)), "branchings must be factors >= 1"),
+        (lambda: ClassTree((), torch.arange(1)), "branchings must be factors"),
+        (lambda: ClassTree.from_vectors(torch.randn(5), 2), "vectors must be \\[N, D\\]"),
+        (lambda: ClassTree.from_vectors(torch.tensor([[0.0], [math.nan]]), 2), "NaN or infinite"),
+        (lambda: ClassTree.from_vectors(torch.tensor([[0.0], [math.inf]]), 2), "NaN or infinite"),
+        (lambda: ClassTree.from_vectors(torch.tensor([[0.0], [1e30]]), 2), "norm 1e\\+30"),
+        (lambda: ClassTree.from_vectors(torch.randn(4, 2), 2, iterations=-1), "iterations must"),
+        (lambda: ClassTree.by_frequency(torch.rand(5), 0), "num_subsets must be in \\[1, N=5\\]"),
+        (lambda: ClassTree.by_frequency(torch.rand(5), 6), "num_subsets must be in \\[1, N=5\\]"),
+        (lambda: ClassTree.by_frequency(torch.tensor([1.0, -1.0]), 1), "non-negative"),
+        (lambda: ClassTree.by_frequency(torch.rand(2, 2), 1), "counts must be \\[N\\]"),
+    ],
+)
+def test_bad_trees_are_refused(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_bad_beam_search_arguments_are_refused():
+    tree = random_tree(20, 3)  # levels of 1, 3, 7, 20 nodes
+    vectors = random_level_vectors(tree, 4, seed=0)
+    z = torch.randn(2, 4)
+    with pytest.raises(ValueError, match="beam must be >= k=5, got 4"):
+        beam_search(tree, z, vectors, 4, 5, accumulate=False)
+    with pytest.raises(ValueError, match="k must be in \\[1, N=20\\], got 21"):
+        beam_search(tree, z, vectors, 30, 21, accumulate=False)
+    with pytest.raises(ValueError, match="k must be in \\[1, N=20\\], got 0"):
+        beam_search(tree, z, vectors, 3, 0, accumulate=False)
+    with pytest.raises(ValueError, match="one tensor per level 1..3, got 2"):
+        beam_search(tree, z, vectors[1:], 3, 2, accumulate=False)
+    with pytest.raises(ValueError, match="level_vectors\\[1\\] must be \\[7, 4\\] \\(level 2\\)"):
+        beam_search(tree, z, [vectors[0], vectors[1][:6], vectors[2]], 3, 2, accumulate=False)
+    with pytest.raises(ValueError, match="z must be \\[T, D\\]"):
+        beam_search(tree, z[0], vectors, 3, 2, accumulate=False)
+    with pytest.raises(ValueError, match="chunk_size must be >= 1, got 0"):
+        beam_search(tree, z, vectors, 3, 2, accumulate=False, chunk_size=0)
+    with pytest.raises(ValueError, match="leaf_bias must be \\[20\\]"):
+        beam_search(tree, z, vectors, 3, 2, accumulate=False, leaf_bias=torch.zeros(19))
