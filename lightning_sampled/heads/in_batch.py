@@ -21,26 +21,56 @@ never ``[T, T]``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 
-def batch_candidates(target: Tensor) -> tuple[Tensor, Tensor]:
-    """The distinct targets of a batch and, for every position, how many other positions hold each.
+class BatchCandidates(NamedTuple):
+    """The distinct targets of a batch.
+
+    Attributes:
+        ids: long ``[U]`` the distinct targets, sorted.
+        counts: long ``[U]`` how many positions hold each.
+        column: long ``[T]`` each position's own target's index in ``ids``.
+    """
+
+    ids: Tensor
+    counts: Tensor
+    column: Tensor
+
+
+def batch_candidates(target: Tensor) -> BatchCandidates:
+    """The distinct targets of a batch of targets ``[T]`` (long), with their multiplicities."""
+    ids, column, counts = torch.unique(target, return_inverse=True, return_counts=True)
+    return BatchCandidates(ids, counts, column)
+
+
+def in_batch_logits(
+    logits: Tensor, log_size: Tensor, candidates: BatchCandidates, remove_hits: bool
+) -> Tensor:
+    """Corrected in-batch logits ``[T, U]``: ``o_u + log(#other positions holding u) - log_size``.
+
+    Every position but ``t`` itself holding ``u`` is one in-batch draw of ``u``, so column ``u``
+    counts ``counts[u]`` draws, less one in the position's own column (``u = y_t``). That own
+    column holds exactly the accidental hits, so ``remove_hits`` sets it to ``-inf`` instead.
+    One ``[T, U]`` pass and an in-place fix of ``T`` entries; no ``[T, U]`` index or mask.
 
     Args:
-        target: long ``[T]`` the scored positions' targets.
-
-    Returns:
-        ``(ids, log_others)``: long ``[U]`` distinct targets (sorted) and fp32 ``[T, U]``
-        ``log`` of the number of positions other than ``t`` whose target is ``ids[u]``
-        (``-inf`` where there is none, e.g. a target held only by ``t`` itself).
+        logits: ``[T, U]`` fp32 ``o_u`` of the distinct targets for every position.
+        log_size: ``[U]`` or ``[T, U]`` the candidates' corrections (:func:`log_mixture_size`).
+        candidates: the batch's :class:`BatchCandidates`.
+        remove_hits: mask the own column (the conventions that remove accidental hits).
     """
-    ids, inverse, counts = torch.unique(target, return_inverse=True, return_counts=True)
-    others = counts.expand(target.shape[0], -1).clone()
-    others[torch.arange(target.shape[0], device=target.device), inverse] -= 1
-    return ids, others.float().log()
+    counts = candidates.counts.to(logits.dtype)
+    corrected = logits + (counts.log() - log_size)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    own = (rows, candidates.column)
+    if remove_hits:
+        return corrected.index_put_(own, torch.tensor(-math.inf, device=logits.device))
+    fewer = (counts - 1).log() - counts.log()  # log((n - 1) / n), -inf where n = 1
+    return corrected.index_put_(own, fewer[candidates.column], accumulate=True)
 
 
 def log_mixture_size(

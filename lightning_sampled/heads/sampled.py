@@ -40,7 +40,7 @@ from ..samplers import Sample, Sampler, UniformSampler
 from ..samplers.frequency import TargetFrequency
 from .base import OutputHead, weighted_mean
 from .chunked import scored_rows
-from .in_batch import batch_candidates, log_mixture_size
+from .in_batch import batch_candidates, in_batch_logits, log_mixture_size
 
 CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 
@@ -208,7 +208,8 @@ class SampledSoftmaxHead(OutputHead):
             pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
             columns = [self._corrected(neg, draw.ids, draw.log_q, target, batch)]
         if batch is not None:
-            ids, log_others = batch_candidates(target)
+            candidates = batch_candidates(target)
+            ids = candidates.ids
             if pos is None:
                 pos, neg = self.target_and_candidate_logits(z, target, ids)
             else:
@@ -217,7 +218,8 @@ class SampledSoftmaxHead(OutputHead):
             if self.num_negatives:
                 with torch.no_grad():
                     log_q = self.sampler.log_prob(z.detach(), ids)
-            columns.append(self._corrected(neg, ids, log_q, target, batch) + log_others)
+            log_size = self._log_size(ids, log_q, batch)
+            columns.append(in_batch_logits(neg, log_size, candidates, self.removes_accidental_hits))
         if self.corrects_positive:
             pos = pos - self._log_size(target, pos_log_q, batch)
         return torch.cat([pos[:, None], *columns], dim=1)

@@ -7,23 +7,29 @@ import torch
 from fake_samplers import Stream
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.heads.in_batch import batch_candidates, log_mixture_size
+from lightning_sampled.heads.in_batch import batch_candidates, in_batch_logits, log_mixture_size
 from lightning_sampled.samplers import UniformSampler
 
 
-def test_batch_candidates_count_the_other_positions_holding_each_target():
+@pytest.mark.parametrize("remove_hits", [True, False])
+def test_in_batch_logits_count_the_other_positions_holding_each_target(remove_hits):
     target = torch.tensor([4, 1, 4, 4, 9])
-    ids, log_others = batch_candidates(target)
-    assert ids.tolist() == [1, 4, 9]
-    brute = torch.tensor(
+    candidates = batch_candidates(target)
+    assert candidates.ids.tolist() == [1, 4, 9] and candidates.counts.tolist() == [1, 3, 1]
+    logits = torch.randn(5, 3)
+    log_size = torch.randn(3)
+    got = in_batch_logits(logits.clone(), log_size, candidates, remove_hits)
+    others = torch.tensor(
         [
-            [float(sum(1 for s in range(5) if s != t and target[s] == u)) for u in ids]
+            [float(sum(1 for s in range(5) if s != t and target[s] == u)) for u in candidates.ids]
             for t in range(5)
         ]
     )
-    torch.testing.assert_close(log_others, brute.log())
-    assert log_others[1, 0] == -math.inf  # only position 1 holds class 1
-    assert torch.allclose(log_others.exp().sum(1), torch.full((5,), 4.0))  # T - 1 others each
+    expected = logits + others.log() - log_size
+    if remove_hits:  # the own column holds the accidental hits
+        expected[target[:, None] == candidates.ids] = -math.inf
+    torch.testing.assert_close(got, expected)
+    assert got[1, 0] == -math.inf  # only position 1 holds class 1: no other draws of it
 
 
 def test_log_mixture_size_is_the_balance_heuristic_denominator():
