@@ -13,6 +13,10 @@ that has a ``sampler`` (e.g. :class:`~lightning_sampled.heads.SampledSoftmaxHead
   softmax follows its curve; it is handed to every logger with ``log_image`` (``WandbLogger``) or
   whose ``experiment`` has ``add_figure`` (``TensorBoardLogger``).
 
+After every training batch it also logs ``sampler_diagnostics/<head path>/coverage`` (the epoch
+mean) for every head with a ``last_coverage`` (e.g. :class:`~lightning_sampled.heads.CaneHead`:
+the share of the batch's targets among the candidates, the paper's Table 3).
+
 Queries: the callback needs query vectors ``z`` ``[B, D]`` for the heads. Either pass
 ``queries=fn`` with ``fn(pl_module)`` returning them, or implement ``diagnostic_queries(self)`` on
 the LightningModule. Either returns a tensor ``[B, D]`` (used for every head) or a mapping from head
@@ -70,7 +74,8 @@ def proposal_report(head: OutputHead, sampler: Sampler, z: Tensor) -> ProposalRe
     for start in range(0, z.shape[0], _QUERY_CHUNK):
         chunk = z[start : start + _QUERY_CHUNK]
         log_p = torch.log_softmax(head.logits(chunk).double(), dim=-1)
-        log_q = sampler.log_prob(chunk, ids).double().expand_as(log_p)
+        # the sampler sees the queries as the head scores them (temperature, cosine logits)
+        log_q = sampler.log_prob(head.score_queries(chunk), ids).double().expand_as(log_p)
         p = log_p.exp()
         terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))
         kls.append(terms.sum(-1))
@@ -164,6 +169,25 @@ class SamplerDiagnostics(Callback):
             )
             if self.save_plots:
                 self._plot(trainer, name, type(head.sampler).__name__, report, kl)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: object,
+        batch: object,
+        batch_idx: int,
+    ) -> None:
+        for name, module in pl_module.named_modules():
+            coverage = getattr(module, "last_coverage", None)
+            if isinstance(module, OutputHead) and coverage is not None:
+                pl_module.log(
+                    f"sampler_diagnostics/{name or 'head'}/coverage",
+                    coverage,
+                    on_step=False,
+                    on_epoch=True,
+                    batch_size=1,
+                )
 
     def _queries(self, pl_module: pl.LightningModule) -> Tensor | Mapping[str, Tensor]:
         if self.queries is None and not callable(getattr(pl_module, "diagnostic_queries", None)):

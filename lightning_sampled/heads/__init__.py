@@ -2,10 +2,11 @@
 loss."""
 
 from .base import OutputHead
+from .cane import CaneHead
 from .full import FullSoftmaxHead
 from .ove import OneVsEachHead
 from .sampled import SampledSoftmaxHead
 from .tapas import TapasHead, TapasSelection
 
 __all__ = ["FullSoftmaxHead", "OutputHead", "SampledSoftmaxHead"]
-__all__ += ["OneVsEachHead", "TapasHead", "TapasSelection"]
+__all__ += ["CaneHead", "OneVsEachHead", "TapasHead", "TapasSelection"]

@@ -18,6 +18,7 @@ from .._validation import (
 )
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
 from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
+from ..samplers import Sampler, UniformSampler
 from .chunked import (
     chunk_logits,
     chunked_nll,
@@ -556,3 +557,28 @@ def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
     if weights is None:
         return losses.mean()
     return (losses * weights).sum() / weights.sum()
+
+
+def checked_sampler(
+    name: str, sampler: Sampler | None, num_classes: int, padding_idx: int | None
+) -> Sampler:
+    """The proposal a head draws from: ``sampler`` checked against the head's ``num_classes``
+    and ``padding_idx``, or a :class:`~lightning_sampled.samplers.UniformSampler` when ``None``.
+
+    Raises:
+        ValueError: naming the argument ``name``, if ``sampler`` is not a ``Sampler`` or covers
+            other classes or another padding class.
+    """
+    if sampler is None:
+        return UniformSampler(num_classes, padding_idx=padding_idx)
+    if not isinstance(sampler, Sampler):
+        raise ValueError(f"{name} must be a Sampler, got {type(sampler).__name__}")
+    if sampler.num_classes != num_classes:
+        raise ValueError(
+            f"{name}.num_classes={sampler.num_classes} does not match num_classes={num_classes}"
+        )
+    if sampler.padding_idx != padding_idx:
+        raise ValueError(
+            f"{name}.padding_idx={sampler.padding_idx} does not match padding_idx={padding_idx}"
+        )
+    return sampler

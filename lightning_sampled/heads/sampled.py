@@ -36,9 +36,9 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_int, check_positive_int
-from ..samplers import Sample, Sampler, UniformSampler
+from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
-from .base import OutputHead, weighted_mean
+from .base import OutputHead, checked_sampler, weighted_mean
 from .chunked import scored_rows
 from .in_batch import batch_candidates, in_batch_logits, log_mixture_size
 
@@ -138,20 +138,7 @@ class SampledSoftmaxHead(OutputHead):
             normalize=normalize,
             label_smoothing=label_smoothing,
         )
-        if sampler is None:
-            sampler = UniformSampler(num_classes, padding_idx=padding_idx)
-        if not isinstance(sampler, Sampler):
-            raise ValueError(f"sampler must be a Sampler, got {type(sampler).__name__}")
-        if sampler.num_classes != num_classes:
-            raise ValueError(
-                f"sampler.num_classes={sampler.num_classes} does not match "
-                f"num_classes={num_classes}"
-            )
-        if sampler.padding_idx != self.padding_idx:
-            raise ValueError(
-                f"sampler.padding_idx={sampler.padding_idx} does not match "
-                f"padding_idx={self.padding_idx}"
-            )
+        sampler = checked_sampler("sampler", sampler, num_classes, self.padding_idx)
         if shared_negatives and not sampler.query_independent:
             raise ValueError(
                 f"shared_negatives=True needs a query-independent sampler, "

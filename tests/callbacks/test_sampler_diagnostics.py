@@ -33,6 +33,18 @@ def test_exact_midx_has_zero_kl_and_the_softmax_curve():
     assert abs(float(report.softmax_curve[-1]) - 1.0) < 1e-9
 
 
+@pytest.mark.parametrize("kwargs", [{"temperature": 0.3}, {"normalize": True}])
+def test_exact_midx_matches_a_head_with_temperature_or_cosine_logits(kwargs):
+    """The sampler is asked about the queries as the head scores them."""
+    sampler = MIDXSampler(N, 4, mode="exact", padding_idx=0, kmeans_iters=3)
+    head = SampledSoftmaxHead(N, D, sampler, 5, padding_idx=0, **kwargs)
+    with torch.no_grad():
+        head.weight.normal_()
+    head.refresh_index()
+    report = proposal_report(head, head.sampler, torch.randn(11, D))
+    assert report.kl.abs().max() < 1e-5
+
+
 def test_uniform_kl_is_log_n_minus_entropy_and_fast_midx_is_closer():
     head = head_with(UniformSampler(N))
     z = torch.randn(5, D)

@@ -1,0 +1,542 @@
+"""``CaneHead``: Candidates vs. Noises Estimation with a beam-search class tree (Han et al., 2018).
+
+For each query ``x`` (Algorithm 2 of the paper), a beam search over a class tree finds the
+``N_c`` candidates ``C_x`` with the highest scores (Algorithm 3), and ``N_n`` noises ``T_x`` are
+drawn outside ``C_x`` from ``q_x``, the noise proposal restricted to the complement. The loss of a
+position with target ``y`` is
+
+- ``y`` in ``C_x`` (Eq. 2, averaged over the noises as Eq. 7 does, one denominator per noise):
+  ``mean_j [log(sum_{c in C_x} e^{s_c} + e^{s_j} / q_x(j))] - s_y``;
+- ``y`` outside ``C_x`` (Eq. 3, the target plays the noise):
+  ``log(sum_{c in C_x} e^{s_c} + e^{s_y} / q_x(y)) - s_y``.
+
+Both are consistent estimators of the softmax (the paper's Theorems 1 and 2) for any ``q_x`` that
+is the true distribution of the draws, and their variance approaches the full softmax's as the
+candidates cover the targets (Corollary 1): :attr:`CaneHead.last_coverage` reports that coverage.
+
+Two parameterisations of the class scores ``s_k = z . v_k + b_k``:
+
+- ``"flat"``: ``v_k`` is a row of the head's ``weight`` (tieable, e.g. to SASRec's item
+  embedding); the beam search scores an internal node by the mean of its descendants' class
+  vectors, kept in a buffer and recomputed when the tree is rebuilt.
+- ``"path"`` (the Beam Tree model of Eq. 9): parameters live on the tree's edges and ``v_k`` is the
+  sum of the edges on the root-to-``k`` path: the internal edges of levels ``1..L-1`` are the
+  parameter ``edges``, the leaf edges are ``weight``. The beam search accumulates partial path
+  sums, so a node's score is the exact score of its path so far.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._validation import check_int, check_positive_int
+from ..index.tree import ClassTree, beam_search
+from ..samplers import Sampler, UniformSampler
+from ..samplers.base import rank_generator
+from .base import OutputHead, checked_sampler, weighted_mean
+
+PARAMETERIZATIONS = ("flat", "path")
+
+#: rounds of rejection before a noise slot falls back to a uniform draw over the complement
+REJECTION_ROUNDS = 4
+
+
+class NoiseDraw(NamedTuple):
+    """Noises drawn outside each query's candidates, and the restricted proposal ``q_x``.
+
+    Attributes:
+        ids: long ``[T, M]`` noise classes, never a candidate nor ``padding_idx``.
+        log_q: fp32 ``[T, M]``, ``log q_x(j)`` of each noise.
+        target_log_q: fp32 ``[T]``, ``log q_x(y)`` of each target (used when ``y`` is not a
+            candidate; meaningless where it is).
+    """
+
+    ids: Tensor
+    log_q: Tensor
+    target_log_q: Tensor
+
+
+def cane_loss(
+    target_logits: Tensor,
+    candidate_logits: Tensor,
+    noise_logits: Tensor,
+    noise_log_q: Tensor,
+    target_log_q: Tensor,
+    covered: Tensor,
+) -> Tensor:
+    """The CANE loss of each position: Eq. (2) averaged over the noises where the target is a
+    candidate, Eq. (3) where it is not (module docstring).
+
+    Args:
+        target_logits: ``[T]`` ``s_y``.
+        candidate_logits: ``[T, C]`` ``s_c`` of the candidates.
+        noise_logits: ``[T, M]`` ``s_j`` of the noises.
+        noise_log_q: ``[T, M]`` ``log q_x(j)``.
+        target_log_q: ``[T]`` ``log q_x(y)``.
+        covered: bool ``[T]``, whether ``y`` is among the candidates.
+
+    Returns:
+        fp32 ``[T]`` negative log of the approximated probabilities.
+    """
+    target_as_noise = (target_logits - target_log_q)[:, None]
+    noise_terms = torch.where(covered[:, None], noise_logits - noise_log_q, target_as_noise)
+    candidate_mass = torch.logsumexp(candidate_logits, dim=1, keepdim=True)
+    return torch.logaddexp(candidate_mass, noise_terms).mean(dim=1) - target_logits
+
+
+def draw_complement(
+    excluded: Tensor, num_classes: int, num_samples: int, generator: torch.Generator | None
+) -> Tensor:
+    """Uniform draws over the classes of ``[0, num_classes)`` outside each row of ``excluded``.
+
+    A rank ``r`` among the ``num_classes - E`` allowed classes maps to the class
+    ``r + #{i : excluded[i] - i <= r}`` (``excluded`` sorted: ``excluded[i] - i`` counts the
+    allowed classes below ``excluded[i]``), one ``searchsorted`` per row.
+
+    Args:
+        excluded: long ``[T, E]`` distinct class ids per row, sorted ascending.
+        num_classes: ``N``.
+        num_samples: ``M`` draws per row, with replacement.
+        generator: for reproducible draws (``None``: torch's default).
+
+    Returns:
+        long ``[T, M]``.
+    """
+    rows, count = excluded.shape
+    ranks = torch.randint(
+        num_classes - count,
+        (rows, num_samples),
+        device=excluded.device,
+        generator=generator,
+    )
+    allowed_below = excluded - torch.arange(count, device=excluded.device)
+    return ranks + torch.searchsorted(allowed_below, ranks, right=True)
+
+
+def descendant_means(tree: ClassTree, vectors: Tensor, weights: Tensor) -> list[Tensor]:
+    """Weighted means of the class vectors under every internal node of levels ``1..L-1``.
+
+    Args:
+        tree: the class tree.
+        vectors: ``[N, D]`` class vectors in class order.
+        weights: ``[N]`` non-negative class weights (``0`` leaves a class out, e.g. padding);
+            a node without weight gets the zero vector.
+
+    Returns:
+        ``L - 1`` tensors, the ``l``-th ``[n_l, D]`` in node order.
+    """
+    sizes = tree.level_sizes()
+    sums = vectors[tree.leaf_order] * weights[tree.leaf_order, None].to(vectors.dtype)
+    counts = weights[tree.leaf_order].to(vectors.dtype)
+    means = []
+    for level in range(len(sizes) - 2, 0, -1):
+        parent = parent_index(sizes[level + 1], tree.branchings[level], vectors.device)
+        sums = sums.new_zeros(sizes[level], vectors.shape[1]).index_add_(0, parent, sums)
+        counts = counts.new_zeros(sizes[level]).index_add_(0, parent, counts)
+        means.append(sums / counts.clamp(min=1.0)[:, None])
+    return means[::-1]
+
+
+def parent_index(num_nodes: int, branching: int, device: torch.device) -> Tensor:
+    """Long ``[num_nodes]``: the parent of each node of a level whose parents branch
+    ``branching`` ways (node ``i``'s parent is ``i // branching``)."""
+    return torch.arange(num_nodes, device=device) // branching
+
+
+class CaneHead(OutputHead):
+    """Candidates vs. noises: beam-search candidates against noises drawn outside them.
+
+    See the module docstring for the loss and the two parameterisations. The tree is built at
+    construction from the initial class vectors by hierarchical k-means (seeded), and rebuilt from
+    the current ones by :meth:`refresh_index` (:class:`~lightning_sampled.callbacks.IndexRefresh`
+    calls it each epoch). The tree and the node vectors are persistent buffers, so a checkpoint
+    restores them. :meth:`beam_topk` predicts by beam search, ``O(J b log_b N)`` per query
+    (``J`` the beam width, ``b`` the branching), beside the exact :meth:`topk`.
+
+    Noises come from ``noise_sampler`` restricted to the complement of the candidates,
+    ``q_x(j) = q(j) / (1 - q(C_x))``. For a :class:`UniformSampler` they are drawn directly over
+    the complement (``q_x = 1 / (N' - N_c)`` with ``N'`` the classes other than padding). For any
+    other sampler each noise takes the first of :data:`REJECTION_ROUNDS` draws that is not a
+    candidate, or, if all of them are, a uniform draw over the complement; its exact probability
+    is then ``q(j) (1 - a^R) / (1 - a) + a^R / (N' - N_c)`` with ``a = q(C_x)``, which is what the
+    loss uses (it tends to ``q(j) / (1 - a)`` as ``R`` grows, and needs no host sync).
+
+    Args:
+        num_classes: ``N``.
+        dim: ``D``.
+        num_candidates: ``N_c``, candidates per query, at most ``N' - 1``.
+        num_noise: ``N_n``, noises per query (with replacement).
+        branching: ``b``, the tree's branching factor, at least 2.
+        beam: ``J``, the beam width of the training search (``N_c`` when ``None``; at least
+            ``N_c``). With ``padding_idx`` a width of at least 2 is used, which keeps the
+            padding class (scored ``-inf``) out of the candidates.
+        parameterization: ``"flat"`` or ``"path"`` (module docstring).
+        noise_sampler: the noise proposal ``q``; a :class:`UniformSampler` when ``None``. Its
+            ``num_classes`` and ``padding_idx`` must match the head's. Rebuilt with the tree
+            (``refresh``) from the class vectors.
+        sparse_grad: make ``weight``'s gradient row-sparse, as in
+            :class:`~lightning_sampled.heads.SampledSoftmaxHead` (the ``path`` edges stay dense).
+        seed: seed of the tree's k-means.
+        **kwargs: ``weight`` (``"flat"`` only), ``bias``, ``padding_idx``, ``ignore_index``,
+            ``chunk_size``, ``temperature``, ``normalize`` (``False`` only) and
+            ``label_smoothing`` (0 only) of :class:`OutputHead`.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        num_candidates: int,
+        num_noise: int,
+        branching: int = 10,
+        beam: int | None = None,
+        parameterization: str = "flat",
+        noise_sampler: Sampler | None = None,
+        *,
+        sparse_grad: bool = False,
+        seed: int = 0,
+        weight: nn.Parameter | None = None,
+        bias: bool | nn.Parameter = False,
+        padding_idx: int | None = None,
+        ignore_index: int = -100,
+        chunk_size: int | None = None,
+        temperature: float = 1.0,
+        normalize: bool = False,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        if normalize is not False:
+            raise ValueError(
+                f"normalize must be False for CaneHead, got {normalize!r}: the beam search "
+                f"scores raw node vectors and path sums, not cosines"
+            )
+        if parameterization not in PARAMETERIZATIONS:
+            raise ValueError(
+                f"parameterization must be one of {PARAMETERIZATIONS}, got {parameterization!r}"
+            )
+        if parameterization == "path" and weight is not None:
+            raise ValueError(
+                "weight cannot be tied with parameterization='path': its weight holds the leaf "
+                "edges, not the class vectors; use parameterization='flat' to tie"
+            )
+        super().__init__(
+            num_classes,
+            dim,
+            weight=weight,
+            bias=bias,
+            padding_idx=padding_idx,
+            ignore_index=ignore_index,
+            chunk_size=chunk_size,
+            temperature=temperature,
+            label_smoothing=label_smoothing,
+        )
+        self.parameterization = parameterization
+        self.branching = check_int("branching", branching)
+        if self.branching < 2:
+            raise ValueError(f"branching must be >= 2, got {branching}")
+        self.num_candidates = check_positive_int("num_candidates", num_candidates)
+        if self.num_candidates >= self.num_drawable:
+            raise ValueError(
+                f"num_candidates must be < {self.num_drawable} (the classes other than "
+                f"padding_idx), so that noises remain, got {num_candidates}"
+            )
+        self.num_noise = check_positive_int("num_noise", num_noise)
+        self.beam = self.num_candidates if beam is None else check_positive_int("beam", beam)
+        if self.beam < self.num_candidates:
+            raise ValueError(f"beam must be >= num_candidates={num_candidates}, got {beam}")
+        self.noise_sampler = checked_sampler(
+            "noise_sampler", noise_sampler, num_classes, self.padding_idx
+        )
+        self.seed = check_int("seed", seed)
+        self.sparse_grad = bool(sparse_grad)
+        self.last_coverage: Tensor | None = None
+
+        tree = ClassTree.balanced(
+            torch.arange(num_classes, device=self.weight.device), self.branching
+        )
+        branchings, leaf_order = tree.to_tensors()
+        self.register_buffer("tree_branchings", branchings.to(leaf_order.device), persistent=True)
+        self.register_buffer("tree_leaf_order", leaf_order.clone(), persistent=True)
+        self.register_buffer("tree_leaf_position", tree.leaf_position.clone(), persistent=True)
+        self._search_tree_cache: tuple[tuple, ClassTree] | None = None
+        internal = sum(tree.level_sizes()[1:-1])
+        vectors = self.weight.new_zeros(internal, dim)
+        if parameterization == "flat":
+            self.register_buffer("node_vectors", vectors, persistent=True)
+        else:
+            self.edges = nn.Parameter(vectors)
+        self.refresh_index()
+
+    # -- construction -----------------------------------------------------------------------------
+
+    @property
+    def num_drawable(self) -> int:
+        """``N'``: the classes other than ``padding_idx``."""
+        return self.num_classes - (self.padding_idx is not None)
+
+    @property
+    def tree(self) -> ClassTree:
+        """The current class tree, built (and validated) from the buffers ``tree_branchings``
+        and ``tree_leaf_order``."""
+        return ClassTree.from_tensors(self.tree_branchings, self.tree_leaf_order)
+
+    def _search_tree(self) -> ClassTree:
+        """The tree the training step searches, built once per buffer tensor: its
+        ``leaf_order`` *is* the buffer ``tree_leaf_order``, so it follows the buffer's in-place
+        updates (a refresh, a loaded checkpoint, an ``IndexRefresh`` broadcast under DDP); its
+        ``leaf_position`` is not read (the buffer ``tree_leaf_position`` is), nor its shape,
+        which ``N`` and ``branching`` fix."""
+        leaf_order = self.tree_leaf_order
+        key = (leaf_order.data_ptr(), leaf_order.device)
+        if self._search_tree_cache is None or self._search_tree_cache[0] != key:
+            self._search_tree_cache = (
+                key,
+                ClassTree.from_tensors(self.tree_branchings, leaf_order),
+            )
+        return self._search_tree_cache[1]
+
+    # -- the class vectors ------------------------------------------------------------------------
+
+    def _internal_levels(self, tree: ClassTree) -> list[Tensor]:
+        """The node vectors (``"flat"``) or edges (``"path"``) of levels ``1..L-1``, each
+        ``[n_l, D]``."""
+        table = self.node_vectors if self.parameterization == "flat" else self.edges
+        return list(torch.split(table, tree.level_sizes()[1:-1]))
+
+    def _last_internal_path_sums(self, tree: ClassTree) -> Tensor:
+        """``"path"``: ``[n_{L-1}, D]``, the sum of the edges from the root to each node of level
+        ``L - 1``, differentiable."""
+        levels = self._internal_levels(tree)
+        sizes = tree.level_sizes()
+        total = levels[0]
+        for level in range(2, len(sizes) - 1):
+            parent = parent_index(sizes[level], tree.branchings[level - 1], total.device)
+            total = levels[level - 1] + total.index_select(0, parent)
+        return total
+
+    def _leaf_parent(self, tree: ClassTree, ids: Tensor) -> Tensor:
+        """The node of level ``L - 1`` above each class of ``ids`` (positions from the buffer
+        ``tree_leaf_position``)."""
+        return self.tree_leaf_position[ids] // tree.branchings[-1]
+
+    def class_table(self) -> Tensor:
+        """``[N, D]`` class vectors: ``weight`` (``"flat"``), or each class's path sum
+        ``weight[k] + sum of its ancestors' edges`` (``"path"``), differentiable."""
+        tree = self._search_tree()
+        if self.parameterization == "flat" or len(tree.branchings) == 1:
+            return self.weight
+        ids = torch.arange(self.num_classes, device=self.weight.device)
+        above = self._last_internal_path_sums(tree).index_select(0, self._leaf_parent(tree, ids))
+        return self.weight + above
+
+    def class_rows(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Class vectors ``[*ids.shape, D]`` (path sums under ``"path"``) and biases, gathered
+        as :meth:`OutputHead.class_rows` does."""
+        rows, bias = super().class_rows(ids)
+        tree = self._search_tree()
+        if self.parameterization == "flat" or len(tree.branchings) == 1:
+            return rows, bias
+        above = F.embedding(self._leaf_parent(tree, ids), self._last_internal_path_sums(tree))
+        return rows + above, bias
+
+    # -- the index --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def refresh_index(self) -> None:
+        """Rebuilds the tree by hierarchical k-means on the current class vectors
+        (:meth:`class_table`), recomputes the node vectors and rebuilds the noise sampler.
+
+        ``"flat"``: every internal node's vector becomes the mean of its descendants' class
+        vectors (the padding class left out). ``"path"``: the class vectors are re-decomposed on
+        the new tree so that each class's path sum, hence every logit, is unchanged: with
+        ``m_v`` the mean under node ``v`` (``m_root = 0``), edge ``(u, v)`` becomes
+        ``m_v - m_u`` and leaf edge ``(u, k)`` becomes ``v_k - m_u``. The optimizer's moments of
+        ``edges`` and ``weight`` (e.g. Adam's) then no longer match the edges they belong to.
+        Under DDP, :class:`~lightning_sampled.callbacks.IndexRefresh` refreshes on rank 0 and
+        broadcasts buffers only, so ``"path"``'s new parameters stay on rank 0: under DDP use
+        ``"flat"``, or broadcast the head's parameters after each refresh.
+        """
+        table = self.class_table().detach()
+        tree = ClassTree.from_vectors(table, self.branching, seed=self.seed)
+        self.tree_leaf_order.copy_(tree.leaf_order)
+        self.tree_leaf_position.copy_(tree.leaf_position)
+        weights = torch.ones(self.num_classes, device=table.device)
+        if self.padding_idx is not None:
+            weights[self.padding_idx] = 0.0
+        means = descendant_means(tree, table, weights)
+        if means and self.parameterization == "flat":
+            self.node_vectors.copy_(torch.cat(means))
+        elif means:
+            self.edges.copy_(torch.cat(path_edges(tree, means)))
+            ids = torch.arange(self.num_classes, device=table.device)
+            self.weight.copy_(table - means[-1].index_select(0, self._leaf_parent(tree, ids)))
+        self.noise_sampler.refresh(table)
+
+    def _level_vectors(self, tree: ClassTree) -> list[Tensor]:
+        """The beam search's per-level vectors: internal levels by node, leaves by class id."""
+        return [v.detach() for v in self._internal_levels(tree)] + [self.weight.detach()]
+
+    def _leaf_bias(self) -> Tensor | None:
+        """``[N]`` added to leaf scores: the bias, and ``-inf`` for the padding class."""
+        if self.bias is None and self.padding_idx is None:
+            return None
+        bias = torch.zeros(self.num_classes, device=self.weight.device)
+        if self.bias is not None:
+            bias = bias + self.bias.detach().float()
+        if self.padding_idx is not None:
+            bias[self.padding_idx] = -math.inf
+        return bias
+
+    @torch.no_grad()
+    def search(self, z: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor]:
+        """Beam search (Algorithm 3) for the top ``k`` classes of queries ``z`` ``[T, D]`` (from
+        :meth:`score_queries`).
+
+        Returns:
+            ``(scores [T, k] fp32, class_ids [T, k])``, sorted descending; the scores are the
+            exact logits of the classes found.
+        """
+        tree = self._search_tree()
+        return beam_search(
+            tree,
+            z.detach(),
+            self._level_vectors(tree),
+            beam,
+            k,
+            accumulate=self.parameterization == "path",
+            leaf_bias=self._leaf_bias(),
+        )
+
+    def candidates(self, z: Tensor) -> Tensor:
+        """The candidates ``C_x`` of queries ``z`` ``[T, D]`` (from :meth:`score_queries`): long
+        ``[T, num_candidates]``.
+
+        The beam is at least 2 wide when there is a padding class: the padding leaf scores
+        ``-inf`` and may be the only leaf under a node, so a beam of 1 could end there; with 2 or
+        more, at least ``beam + 1`` leaves reach the last step and the padding is never kept.
+        """
+        width = max(self.beam, 2) if self.padding_idx is not None else self.beam
+        return self.search(z, self.num_candidates, width)[1]
+
+    @torch.no_grad()
+    def beam_topk(self, z: Tensor, k: int, beam: int | None = None) -> tuple[Tensor, Tensor]:
+        """Approximate top-``k`` classes by beam search, for fast prediction.
+
+        Args:
+            z: ``[..., D]`` queries.
+            k: how many classes, ``1 <= k <= N``.
+            beam: the beam width ``J >= k``; by default the larger of the head's ``beam`` and
+                ``k``. With ``J >= N`` nothing is pruned and the result is the exact top-``k``.
+
+        Returns:
+            ``(values, indices)`` as :meth:`topk`: fp32 logits ``[..., k]`` and long class ids
+            ``[..., k]`` in decreasing order.
+        """
+        self._check_z(z)
+        self._check_k(k)
+        width = max(self.beam, k) if beam is None else check_positive_int("beam", beam)
+        if width < k:
+            raise ValueError(f"beam must be >= k={k}, got {beam}")
+        queries = self.score_queries(z.reshape(-1, self.dim))
+        values, indices = self.search(queries, k, width)
+        return values.reshape(*z.shape[:-1], k), indices.reshape(*z.shape[:-1], k)
+
+    # -- training ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def draw_noise(self, z: Tensor, candidates: Tensor, target: Tensor) -> NoiseDraw:
+        """``num_noise`` noises per query outside its candidates and ``padding_idx``, with
+        ``log q_x`` of the noises and of the targets (class docstring).
+
+        Args:
+            z: ``[T, D]`` queries.
+            candidates: long ``[T, C]`` distinct candidate classes per query (no padding).
+            target: long ``[T]``.
+        """
+        excluded = candidates
+        if self.padding_idx is not None:
+            excluded = F.pad(candidates, (0, 1), value=self.padding_idx)
+        excluded = excluded.sort(dim=1).values
+        allowed = self.num_classes - excluded.shape[1]
+        generator = rank_generator(z.device)
+        uniform = draw_complement(excluded, self.num_classes, self.num_noise, generator)
+        if isinstance(self.noise_sampler, UniformSampler):
+            log_q = torch.full(uniform.shape, -math.log(allowed), device=z.device)
+            return NoiseDraw(uniform, log_q, log_q[:, 0])
+        rounds = self.noise_sampler.sample(z, self.num_noise * REJECTION_ROUNDS).ids
+        rounds = rounds.reshape(z.shape[0], REJECTION_ROUNDS, self.num_noise)
+        accepted = ~is_member(rounds.flatten(1).contiguous(), excluded).view_as(rounds)
+        first = accepted.byte().argmax(dim=1, keepdim=True)
+        chosen = rounds.gather(1, first).squeeze(1)
+        ids = torch.where(accepted.any(dim=1), chosen, uniform)
+        log_q = self.noise_sampler.log_prob(z, torch.cat([target[:, None], candidates, ids], 1))
+        log_q = log_q.expand(z.shape[0], -1).double()
+        log_mass = torch.logsumexp(log_q[:, 1 : 1 + candidates.shape[1]], dim=1, keepdim=True)
+        mass = log_mass.exp().clamp(max=1.0)
+        powers = mass ** torch.arange(REJECTION_ROUNDS + 1, device=z.device, dtype=mass.dtype)
+        accepted_share = powers[:, :-1].sum(dim=1, keepdim=True).log()
+        fallback_share = powers[:, -1:].log() - math.log(allowed)
+        restricted = torch.logaddexp(log_q + accepted_share, fallback_share).float()
+        return NoiseDraw(ids, restricted[:, 1 + candidates.shape[1] :], restricted[:, 0])
+
+    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
+        """Mean CANE loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
+        ``sample_weight`` ``[...]`` when given; a scalar.
+
+        Sets :attr:`last_coverage` to the fraction of scored positions whose target was a
+        candidate (unweighted; a 0-dim tensor, ``None`` when no position is scored).
+        """
+        queries, y, mask = self._valid_rows(z, target)
+        weights = self._valid_weights(sample_weight, target, mask)
+        if y.numel() == 0:
+            self.last_coverage = None
+            return z.sum() * 0.0
+        candidates = self.candidates(queries)
+        noise = self.draw_noise(queries.detach(), candidates, y)
+        covered = (candidates == y[:, None]).any(dim=1)
+        ids = torch.cat([candidates, noise.ids], dim=1)
+        target_logits, others = self.target_and_candidate_logits(queries, y, ids)
+        candidate_logits, noise_logits = others.split([self.num_candidates, self.num_noise], dim=1)
+        losses = cane_loss(
+            target_logits, candidate_logits, noise_logits, noise.log_q, noise.target_log_q, covered
+        )
+        self.last_coverage = covered.float().mean()
+        loss = weighted_mean(losses, weights)
+        if any(True for _ in self.noise_sampler.parameters()):  # a sampler that learns
+            loss = loss + self.noise_sampler.auxiliary_loss(queries, self.class_table())
+        return loss
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, num_candidates={self.num_candidates}, "
+            f"num_noise={self.num_noise}, branching={self.branching}, beam={self.beam}, "
+            f"parameterization={self.parameterization!r}, sparse_grad={self.sparse_grad}"
+        )
+
+
+def path_edges(tree: ClassTree, means: list[Tensor]) -> list[Tensor]:
+    """Edges of levels ``1..L-1`` that give each internal node ``v`` the path sum ``m_v``:
+    ``m_v`` below the root, ``m_v - m_parent`` further down.
+
+    Args:
+        tree: the class tree.
+        means: from :func:`descendant_means`, one ``[n_l, D]`` per level ``1..L-1``.
+    """
+    edges = [means[0]]
+    for level in range(2, len(means) + 1):
+        parent = parent_index(
+            means[level - 1].shape[0], tree.branchings[level - 1], means[0].device
+        )
+        edges.append(means[level - 1] - means[level - 2].index_select(0, parent))
+    return edges
+
+
+def is_member(ids: Tensor, sorted_sets: Tensor) -> Tensor:
+    """Bool ``[T, K]``: whether each of ``ids`` ``[T, K]`` is in its row of ``sorted_sets``
+    ``[T, E]`` (sorted ascending)."""
+    pos = torch.searchsorted(sorted_sets, ids).clamp(max=sorted_sets.shape[1] - 1)
+    return sorted_sets.gather(1, pos) == ids
