@@ -1,6 +1,7 @@
 """Recipes: a LightningCLI entry point, data modules, SASRec / GRU4Rec / LSTM LM and YAML configs.
 
-Run ``python -m recipes fit --config recipes/configs/sasrec_ml-100k_full.yaml``.
+Run ``python -m recipes fit --config recipes/configs/sasrec_ml-100k.yaml --config
+recipes/configs/heads/midx_rq.yaml`` (a model config, then a head config).
 """
 
 import os
