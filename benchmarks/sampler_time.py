@@ -6,8 +6,8 @@
   and then timed round-robin (one draw of each per round, median over ``--repeats`` rounds after a
   warm-up round), so that load from other processes hits every size alike. As in the paper, index
   construction is not part of the draw time.
-- Refresh: time of ``MIDXSampler.refresh`` (faiss k-means over all N classes, 25 iterations per
-  codebook, plus cells and CSR), median over ``min(repeats, 3)`` runs below 1e6 classes, one run
+- Refresh: time of ``MIDXSampler.refresh`` (faiss k-means, 25 iterations per codebook, trained
+  on a sample of 256 classes per codeword, then every class assigned; plus cells and CSR), median over ``min(repeats, 3)`` runs below 1e6 classes, one run
   from 1e6 on.
 - Training step at ``--step-classes`` (1e6): forward + backward + SGD step of
   ``SampledSoftmaxHead(N, 64, sampler, 100)`` on B = 256 queries with the uniform sampler and with
@@ -307,8 +307,8 @@ def summary(rows: list[dict]) -> str:
         "",
         "B = 256 queries, M = 100 negatives per query (per-query draws, with log_q), K = 64, "
         "D = 64. Draw and step times are medians after a warm-up, every (sampler, N) timed "
-        "round-robin; refresh (faiss k-means on all "
-        "classes, 25 iterations per codebook) is not part of the draw time, as in the paper's "
+        "round-robin; refresh (faiss k-means trained on 256 classes per codeword, 25 iterations "
+        "per codebook, every class then assigned) is not part of the draw time, as in the paper's "
         "Figure 6. Train step: forward + backward + SGD step, the samplers timed round-robin. "
         f"seq_head: forward + backward of SampledSoftmaxHead(N = {SEQ_CLASSES:,}, D = 64, "
         f"M = {SEQ_NEGATIVES}) on {SEQ_QUERIES:,} queries; seq_draw: one MIDX-rq draw of "
