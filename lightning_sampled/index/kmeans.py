@@ -222,8 +222,8 @@ def check_norms(name: str, x: Tensor | Points) -> None:
     if float(largest) > MAX_NORM:
         raise ValueError(
             f"{name} has a row of norm {float(largest):.4g} (row {int(row)}), beyond "
-            f"{MAX_NORM:.3g}: faiss' fp32 squared distances would overflow (faiss aborts the "
-            f"process); scale the embeddings down"
+            f"{MAX_NORM:.3g}: fp32 squared distances would overflow (faiss, which computes "
+            f"them, aborts the process); scale the embeddings down"
         )
 
 
