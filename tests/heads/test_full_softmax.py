@@ -9,15 +9,7 @@ import torch.nn.functional as F
 
 from lightning_sampled.heads import FullSoftmaxHead, OneVsEachHead, SampledSoftmaxHead
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small chunked matmuls: intra-op threads only add contention on a loaded machine (7 s
-    instead of 0.05 s per test at a load of 14 on two cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_head(num_classes=1037, dim=24, bias=True, padding_idx=None, chunk_size=100, seed=0):

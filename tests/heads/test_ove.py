@@ -12,14 +12,7 @@ from scipy import stats
 from lightning_sampled.heads import OneVsEachHead
 from lightning_sampled.samplers import Sample, Sampler, UniformSampler, UnigramSampler
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Thousands of tiny forwards: intra-op threads only add contention on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_head(n, d, *, scale=2.0, seed=0, **kwargs):

@@ -19,12 +19,7 @@ N, D = 61, 8
 SETTINGS = [(0.5, False), (1.0, True), (0.2, True)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def with_random_bias(head):

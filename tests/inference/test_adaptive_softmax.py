@@ -25,14 +25,7 @@ from lightning_sampled.inference.importance_sampling import (
     sample_thresholds,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small gathers and matmuls are much faster without OpenMP on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def planted_instance(
