@@ -44,6 +44,15 @@ def params_of(head, z):
     return [z, head.weight] + ([head.bias] if head.bias is not None else [])
 
 
+def assert_same_loss_and_gradients(loss, ref, params):
+    """``loss`` equals the reference ``ref`` and so do their gradients to ``params``."""
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(
+        torch.autograd.grad(loss, params), torch.autograd.grad(ref, params), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("temperature, normalize", SETTINGS)
 @pytest.mark.parametrize("padding_idx", [None, 3])
 def test_full_head_loss_and_gradients_match_the_reference(temperature, normalize, padding_idx):
@@ -65,12 +74,7 @@ def test_full_head_loss_and_gradients_match_the_reference(temperature, normalize
     ref = F.cross_entropy(
         reference_logits(head, z, temperature, normalize).reshape(-1, N), y.reshape(-1)
     )
-    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
-    params = params_of(head, z)
-    for got, want in zip(
-        torch.autograd.grad(loss, params), torch.autograd.grad(ref, params), strict=True
-    ):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert_same_loss_and_gradients(loss, ref, params_of(head, z))
 
 
 @pytest.mark.parametrize("temperature, normalize", SETTINGS)
@@ -140,12 +144,7 @@ def test_sampled_loss_with_every_class_drawn_is_the_full_loss(temperature, norma
     y = torch.randint(N, (9,))
     ref = F.cross_entropy(reference_logits(head, z, temperature, normalize), y)
     loss = head(z, y)
-    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
-    params = params_of(head, z)
-    for got, want in zip(
-        torch.autograd.grad(loss, params), torch.autograd.grad(ref, params), strict=True
-    ):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert_same_loss_and_gradients(loss, ref, params_of(head, z))
 
 
 @pytest.mark.parametrize("temperature, normalize", SETTINGS)
