@@ -7,7 +7,8 @@
   warm-up round), so that load from other processes hits every size alike. As in the paper, index
   construction is not part of the draw time.
 - Refresh: time of ``MIDXSampler.refresh`` (faiss k-means, 25 iterations per codebook, trained
-  on a sample of 256 classes per codeword, then every class assigned; plus cells and CSR), median over ``min(repeats, 3)`` runs below 1e6 classes, one run
+  on a sample of 256 classes per codeword, then every class assigned; plus cells and CSR),
+  median over ``min(repeats, 3)`` runs below 1e6 classes, one run
   from 1e6 on.
 - Training step at ``--step-classes`` (1e6): forward + backward + SGD step of
   ``SampledSoftmaxHead(N, 64, sampler, 100)`` on B = 256 queries with the uniform sampler and with
