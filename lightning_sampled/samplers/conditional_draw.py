@@ -4,7 +4,13 @@ MIDX's fast second stage draws ``k2 ~ P(. | k1) ∝ counts[k1, k2] * w[b, k2]`` 
 first codewords ``k1`` of each query ``b``. Gathering a row per draw costs ``O(B * M * K)``;
 the full table of every query costs ``O(B * K^2)``. A query's draws hit at most
 ``min(M, K)`` distinct rows (usually far fewer: ``P1`` is peaked), so this module builds only
-those rows, ``O(B * min(M, K) * K)`` work at worst, and finds every draw in one sorted search.
+those rows, ``O(B * min(M, K) * K)`` work at worst, and finds every draw by a binary search of
+its own row.
+
+The rows are built for a chunk of queries at a time, small enough (2 MB of fp64) that the
+searches, whose reads are random across a chunk's rows, hit the cache: at MIDX's shape in a
+GRU4Rec step (14,400 queries x 100 draws, K = 32, 26 rows used per query) chunks of 2^18 entries
+draw 2.3-3x faster than chunks of 2^22, and 2^16 or 2^20 are slower again.
 """
 
 from __future__ import annotations
@@ -12,16 +18,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_ENTRIES_PER_CHUNK = 1 << 22
+_ENTRIES_PER_CHUNK = 1 << 18
 
 
 def draw_from_used_rows(counts: Tensor, weights: Tensor, rows: Tensor, u: Tensor) -> Tensor:
     """Draws a column ``j ~ counts[r, j] * weights[b, j]`` for each row ``r = rows[b, m]``.
 
     The distinct ``(b, r)`` pairs are found from a ``[B, K]`` presence table (no sort); their
-    rows are built in fp64, normalised to end at exactly 1 and shifted by the pair's index, so
-    that the rows of a chunk of queries form one sorted sequence searched for
-    ``pair + u``. Zero-weight columns have empty intervals and are never drawn.
+    rows are built as running sums in fp64 (a row whose weights are all below fp32's range can
+    still have a positive probability), normalised to end at exactly 1, and each draw searches
+    its own row for ``u``. Zero-weight columns have empty intervals and are never drawn.
 
     Args:
         counts: ``[K, K]`` non-negative row weights (MIDX: cell sizes).
@@ -45,12 +51,10 @@ def draw_from_used_rows(counts: Tensor, weights: Tensor, rows: Tensor, u: Tensor
         pair_of = torch.cumsum(used[start:stop].reshape(-1), 0).sub_(1).view(stop - start, k)
         table = counts.index_select(0, pairs[:, 1])
         table.mul_(weights.index_select(0, start + pairs[:, 0])).cumsum_(1)
-        table.div_(table[:, -1:].clone())  # each row ends at exactly 1.0
-        table.add_(torch.arange(pairs.shape[0], device=rows.device, dtype=torch.float64)[:, None])
-        pair = pair_of.gather(1, rows[start:stop])
-        # pair + u < pair + 1 exactly (u fp32 < 1, pair < 2^22): the draw stays in its row
-        found = _first_above(table.view(-1), pair * k, k, pair.double() + u[start:stop].double())
-        out[start:stop] = found - pair * k
+        table.div_(table[:, -1:].clone())  # each row ends at exactly 1.0 > u
+        row_start = pair_of.gather(1, rows[start:stop]).mul_(k)
+        found = _first_above(table.view(-1), row_start, k, u[start:stop].double())
+        out[start:stop] = found - row_start
         start = stop
     return out
 
@@ -81,8 +85,8 @@ def _first_above(flat: Tensor, base: Tensor, length: int, v: Tensor) -> Tensor:
 
 
 def _query_chunks(per_query: Tensor, k: int) -> list[int]:
-    """Ends of consecutive query chunks whose used rows hold at most ``2^22`` entries each
-    (a chunk holds at least one query)."""
+    """Ends of consecutive query chunks whose used rows hold at most ``_ENTRIES_PER_CHUNK``
+    entries each (a chunk holds at least one query)."""
     entries = torch.cumsum(per_query * k, 0)
     ends = []
     done = 0
