@@ -79,7 +79,7 @@ def _first_above(flat: Tensor, base: Tensor, length: int, v: Tensor) -> Tensor:
     n = length
     while n > 1:
         half = n // 2
-        base += (flat.index_select(0, base + (half - 1)) <= v) * half
+        base.add_(flat.index_select(0, base + (half - 1)) <= v, alpha=half)
         n -= half
     return base.view(shape)
 
