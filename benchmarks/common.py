@@ -53,6 +53,15 @@ def provenance() -> dict[str, str]:
     return {"machine": machine, "torch": torch.__version__, "commit": commit}
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``, as ``uptime`` shows them), or
+    ``"unknown"`` where that file is missing."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> tuple[float, list]:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
 
@@ -111,6 +120,7 @@ def write_results(
     title: str,
     notes: str = "",
     columns: Sequence[str] | None = None,
+    header: str = "",
 ) -> Path:
     """Writes ``results/<name>.csv`` (with provenance on every row) and ``results/<name>.md``.
 
@@ -120,6 +130,7 @@ def write_results(
         title: the Markdown heading.
         notes: Markdown text placed under the table (setup, targets, how to reproduce).
         columns: the Markdown table's columns, in order (default: every key of the first row).
+        header: Markdown text placed between the heading and the table (what else ran, ...).
 
     Returns:
         The path of the Markdown file.
@@ -133,7 +144,10 @@ def write_results(
         writer.writeheader()
         writer.writerows(full_rows)
     columns = list(columns or rows[0])
-    lines = [f"# {title}", "", "| " + " | ".join(columns) + " |"]
+    lines = [f"# {title}", ""]
+    if header:
+        lines += [header.strip(), ""]
+    lines.append("| " + " | ".join(columns) + " |")
     lines.append("|" + "---|" * len(columns))
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")

@@ -1,104 +1,719 @@
-"""Forward + backward time and peak memory of one training step of each head.
+"""Forward + backward time and peak memory of one training step of every head, and of the peers.
 
-Compares ``FullSoftmaxHead`` (exact, chunked), plain ``F.cross_entropy(z @ W.T)`` and
-``SampledSoftmaxHead`` (uniform proposal, M = 100, shared and per-query negatives, with the dense
-default class-table gradient and with ``sparse_grad=True``) for N in {1e4, 1e5, 1e6}, B = 1024,
-D = 128.
+One training step (forward + backward, no optimizer step) on ``B`` queries of dimension ``D``
+(default 1024 x 128) for N in ``--sizes`` (default 1e4, 1e5, 1e6; 1e7 on request), with targets
+drawn from a Zipf law over frequency-sorted ids (``p(i) ∝ 1 / (i + 1)``, the order the log-uniform
+proposal and the adaptive softmax's clusters assume). Every method scores the same class table.
 
-Time: the methods are timed side by side, round-robin (one step of each per round), so that load
-from other processes hits all of them alike; the median over rounds is reported.
-Memory: each (method, N) runs alone in a fresh subprocess; the peak is the growth of peak resident
-memory (CPU) or of ``max_memory_allocated`` (CUDA) over one step, beyond the parameters and inputs,
-so it includes the gradient buffers.
+Ours (``lightning_sampled.heads``), the recipes' settings (``recipes/configs/heads``), with the
+default dense class-table gradient and with ``sparse_grad=True``:
 
-Run: ``python -m benchmarks.head_step [--sizes 10000 100000 1000000] [--repeats 5]``.
+- ``full_softmax_head``: exact, in class chunks (no sparse path: every row gets a gradient);
+- ``SampledSoftmaxHead`` with 100 negatives per query from the uniform, unigram (the Zipf counts,
+  squashed by alpha = 0.75), log-uniform and MIDX proposals (PQ, RQ and learnable RQ codebooks,
+  K = 32, fast mode), 100 uniform negatives shared by the batch, and in-batch negatives only
+  (``num_negatives=0``, ``in_batch_negatives=True``);
+- ``TapasHead`` (100 shared negatives picked from 200 uniform presamples), ``OneVsEachHead``
+  (100 uniform negatives per query) and ``CaneHead`` (20 beam-search candidates, beam 20, over a
+  10-ary tree, plus 80 uniform noises).
+
+The MIDX indexes and CANE's tree are built before timing; their refresh is not timed (see
+``benchmarks/sampler_time.py`` for refresh times).
+
+Peers: plain ``F.cross_entropy(z @ W.T, y)`` (the reference of every ratio), torch's
+``F.linear_cross_entropy`` with its chunked path (``options=nn.LinearCrossEntropyOptions()``;
+``options=None`` is plain cross-entropy), Cut Cross-Entropy (``cut-cross-entropy``, its
+``torch_compile`` implementation; the Triton one needs a GPU) and
+``nn.AdaptiveLogSoftmaxWithLoss`` with cutoffs ``[N / 50, N / 5]`` and ``div_value=4``: a different
+model (its own head and two low-rank tail clusters, about 12% of the class table's parameters), not
+a softmax over the class table. A peer that is not installed gets a row saying so.
+
+Time: all methods at one N are built first (sharing the class table, the queries and the
+targets), warmed up once on a small problem (``torch.compile`` included), then timed side by
+side, round-robin (one step of each per round), so that load from other processes hits all of
+them alike; the median over ``--repeats`` rounds is reported, with its ratio to plain
+cross-entropy's median of the same rounds. Memory: each method runs in a fresh process (forked
+from a server that has only imported this module; the sizes in increasing order, after the same
+small warm-up); the peak is the growth of peak resident memory (CPU) or of
+``max_memory_allocated`` (CUDA) over one step beyond the class table, inputs and index, so it
+includes the gradients. A method is not run at a size where its estimated memory
+(:func:`estimated_bytes`) does not fit in the memory available, or where its step, estimated
+linear in N from its median at the previous size, would take longer than ``--max-step-seconds``
+(default 120; plain cross-entropy, the reference, always runs): its row says why.
+
+On CPU in float32, ``LinearCrossEntropyOptions()``'s ``"auto"`` settings fall back to
+``("compact", "aspect_ratio:2")``: chunks of ``next_pow2(ceil(B / ceil(N / D))) / 2`` queries,
+that is one query per chunk from N = 1e5 on at B = 1024, D = 128, so each chunk is a
+matrix-vector product that reads the whole class table (bound by memory bandwidth).
+
+Run: ``python -m benchmarks.head_step [--sizes 10000 100000 1000000] [--repeats 3] [--threads 1]
+[--methods NAME ...] [--max-step-seconds 120] [--background TEXT] [--name head_step]``; results in
+``benchmarks/results/<name>.{csv,md,png}``. At N = 1e7 the class table alone is 5.1 GB and a
+dense-gradient step needs about 10 GB more (plain cross-entropy about 120 GB: skipped), so there
+run the sparse heads (``--methods``) beside the time check's previous size, e.g.
+``--sizes 100000 10000000``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import subprocess
-import sys
+import importlib
+import multiprocessing
+import statistics
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
 
+import faiss
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 from benchmarks.common import (
     RESULTS_DIR,
-    median_time,
+    load_average,
     peak_extra_bytes,
     write_results,
 )
-from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
-from lightning_sampled.samplers import UniformSampler
-
-METHODS = (
-    "plain_cross_entropy",
-    "full_softmax_head",
-    "sampled_shared",
-    "sampled_per_query",
-    "sampled_shared_sparse_grad",
-    "sampled_per_query_sparse_grad",
+from lightning_sampled.heads import (
+    CaneHead,
+    FullSoftmaxHead,
+    OneVsEachHead,
+    SampledSoftmaxHead,
+    TapasHead,
+)
+from lightning_sampled.samplers import (
+    LogUniformSampler,
+    MIDXSampler,
+    Sampler,
+    UniformSampler,
+    UnigramSampler,
 )
 
+# A process forked for the memory measurement re-runs this module as ``__mp_main__`` when it was
+# started with ``python -m``; runpy then warns that the module is already imported (harmless).
+warnings.filterwarnings(
+    "ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning
+)
 
-def build_step(method: str, num_classes: int, batch: int, dim: int, device: str) -> Callable:
-    """Returns a closure running one forward + backward of ``method``; inputs are allocated here."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    weight = torch.nn.Parameter((torch.randn(num_classes, dim, generator=gen) * 0.05).to(device))
+NUM_NEGATIVES = 100
+CODEBOOK_SIZE = 32
+WARMUP_CLASSES = 1_000
+#: memory kept free beside a method's estimated need before it is run
+MEMORY_MARGIN_BYTES = 2 * 2**30
+FLOAT_BYTES = 4
+
+
+@dataclass
+class Problem:
+    """One step's inputs, shared by every method at one ``N``.
+
+    Attributes:
+        table: ``[N, D]`` class table (data; each method wraps it in its own parameter).
+        z: ``[B, D]`` queries (requiring grad, as an encoder's output would).
+        target: long ``[B]`` targets, Zipfian over frequency-sorted ids.
+        counts: float64 ``[N]`` the Zipf weights ``1 / (i + 1)`` the targets are drawn from.
+    """
+
+    table: Tensor
+    z: Tensor
+    target: Tensor
+    counts: Tensor
+
+    @property
+    def num_classes(self) -> int:
+        return self.table.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.table.shape[1]
+
+    def new_weight(self) -> nn.Parameter:
+        """A parameter of its own over the shared table's storage (no copy): hooks a head
+        installs on its class table (``sparse_grad``'s checks) and gradients stay with it."""
+        return nn.Parameter(self.table)
+
+
+def make_problem(num_classes: int, batch: int, dim: int, device: str, seed: int = 0) -> Problem:
+    """The class table (``N(0, 0.05^2)`` entries), queries (``N(0, 1)``) and Zipfian targets."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    table = (torch.randn(num_classes, dim, generator=gen) * 0.05).to(device)
     z = torch.randn(batch, dim, generator=gen).to(device).requires_grad_()
-    y = torch.randint(num_classes, (batch,), generator=gen).to(device)
-    if method == "plain_cross_entropy":
+    counts = 1.0 / torch.arange(1, num_classes + 1, dtype=torch.float64)
+    target = torch.multinomial(counts, batch, replacement=True, generator=gen).to(device)
+    return Problem(table, z, target, counts)
 
-        def loss_fn():
-            return F.cross_entropy(z @ weight.T, y)
 
-    elif method == "full_softmax_head":
-        head = FullSoftmaxHead(num_classes, dim, weight=weight).to(device)
+LossFn = Callable[[], Tensor]
+Built = tuple[LossFn, list[Tensor]]
 
-        def loss_fn():
-            return head(z, y)
 
-    else:
-        head = SampledSoftmaxHead(
-            num_classes,
-            dim,
-            UniformSampler(num_classes),
-            100,
-            weight=weight,
-            shared_negatives=method.startswith("sampled_shared"),
-            sparse_grad=method.endswith("sparse_grad"),
-        ).to(device)
+@dataclass(frozen=True)
+class Method:
+    """One benchmarked method.
 
-        def loss_fn():
-            return head(z, y)
+    Attributes:
+        name: row label.
+        family: ``"ours"`` or ``"peer"``.
+        exact: whether the loss is the exact softmax cross-entropy over the class table.
+        sparse_grad: whether the class table's gradient is row-sparse.
+        build: makes ``(loss_fn, params)`` for a :class:`Problem`: ``loss_fn()`` is the scalar
+            training loss, ``params`` every tensor whose ``.grad`` a step fills.
+        logits_bytes: bytes per ``(query, class)`` pair the step keeps alive at once (0 where
+            the logits are never materialised), for :func:`estimated_bytes`.
+        requires: a module that must be importable (a peer's package), or ``None``.
+    """
 
-    def step():
-        weight.grad = None
-        z.grad = None
+    name: str
+    family: str
+    exact: bool
+    sparse_grad: bool
+    build: Callable[[Problem], Built]
+    logits_bytes: int = 0
+    requires: str | None = None
+
+
+def build_plain(problem: Problem) -> Built:
+    p, weight = problem, problem.new_weight()
+
+    def loss_fn() -> Tensor:
+        return F.cross_entropy(p.z @ weight.T, p.target)
+
+    return loss_fn, [weight, p.z]
+
+
+def build_linear_cross_entropy(problem: Problem) -> Built:
+    p, weight = problem, problem.new_weight()
+    options = nn.LinearCrossEntropyOptions()
+
+    def loss_fn() -> Tensor:
+        return F.linear_cross_entropy(p.z, weight, p.target, options=options)
+
+    return loss_fn, [weight, p.z]
+
+
+def build_cut_cross_entropy(problem: Problem) -> Built:
+    from cut_cross_entropy import linear_cross_entropy
+
+    p, weight = problem, problem.new_weight()
+
+    def loss_fn() -> Tensor:
+        return linear_cross_entropy(p.z, weight, p.target, impl="torch_compile")
+
+    return loss_fn, [weight, p.z]
+
+
+def adaptive_cutoffs(num_classes: int) -> list[int]:
+    """``[N / 50, N / 5]``: a head of the 2% most frequent classes and two tail clusters."""
+    return [max(1, num_classes // 50), max(2, num_classes // 5)]
+
+
+def build_adaptive(problem: Problem) -> Built:
+    p = problem
+    torch.manual_seed(0)
+    model = nn.AdaptiveLogSoftmaxWithLoss(
+        p.dim, p.num_classes, adaptive_cutoffs(p.num_classes), div_value=4.0
+    ).to(p.z.device)
+
+    def loss_fn() -> Tensor:
+        return model(p.z, p.target).loss
+
+    return loss_fn, [*model.parameters(), p.z]
+
+
+def head_builder(
+    make_head: Callable[[Problem, bool], nn.Module], sparse_grad: bool
+) -> Callable[[Problem], Built]:
+    """A builder for one of our heads, tied to the problem's class table; its index (MIDX
+    codebooks; CANE's tree, which its constructor builds) is built here, before any timing."""
+
+    def build(problem: Problem) -> Built:
+        head = make_head(problem, sparse_grad).to(problem.z.device)
+        if isinstance(head, SampledSoftmaxHead):
+            head.refresh_index()
+
+        def loss_fn() -> Tensor:
+            return head(problem.z, problem.target)
+
+        return loss_fn, [*head.parameters(), problem.z]
+
+    return build
+
+
+def full_head(problem: Problem, sparse_grad: bool) -> nn.Module:
+    return FullSoftmaxHead(problem.num_classes, problem.dim, weight=problem.new_weight())
+
+
+def sampled_head(
+    make_sampler: Callable[[Problem], Sampler | None], **head_kwargs
+) -> Callable[[Problem, bool], nn.Module]:
+    """``SampledSoftmaxHead`` with the sampler ``make_sampler(problem)`` and 100 negatives per
+    query unless ``head_kwargs`` says otherwise."""
+
+    def make(problem: Problem, sparse_grad: bool) -> nn.Module:
+        kwargs = {"num_negatives": NUM_NEGATIVES, **head_kwargs}
+        return SampledSoftmaxHead(
+            problem.num_classes,
+            problem.dim,
+            make_sampler(problem),
+            weight=problem.new_weight(),
+            sparse_grad=sparse_grad,
+            **kwargs,
+        )
+
+    return make
+
+
+def uniform(problem: Problem) -> Sampler:
+    return UniformSampler(problem.num_classes)
+
+
+def unigram(problem: Problem) -> Sampler:
+    return UnigramSampler(problem.counts, alpha=0.75)
+
+
+def log_uniform(problem: Problem) -> Sampler:
+    return LogUniformSampler(problem.num_classes)
+
+
+def midx(quantizer: str, learnable: bool = False) -> Callable[[Problem], Sampler]:
+    def make(problem: Problem) -> Sampler:
+        return MIDXSampler(
+            problem.num_classes,
+            codebook_size=CODEBOOK_SIZE,
+            quantizer=quantizer,
+            learnable=learnable,
+            dim=problem.dim,
+        )
+
+    return make
+
+
+def tapas_head(problem: Problem, sparse_grad: bool) -> nn.Module:
+    return TapasHead(
+        problem.num_classes,
+        problem.dim,
+        num_negatives=NUM_NEGATIVES,
+        presample_factor=2,
+        presampler=UniformSampler(problem.num_classes),
+        weight=problem.new_weight(),
+        sparse_grad=sparse_grad,
+    )
+
+
+def ove_head(problem: Problem, sparse_grad: bool) -> nn.Module:
+    return OneVsEachHead(
+        problem.num_classes,
+        problem.dim,
+        UniformSampler(problem.num_classes),
+        NUM_NEGATIVES,
+        weight=problem.new_weight(),
+        sparse_grad=sparse_grad,
+    )
+
+
+def cane_head(problem: Problem, sparse_grad: bool) -> nn.Module:
+    return CaneHead(
+        problem.num_classes,
+        problem.dim,
+        num_candidates=20,
+        num_noise=NUM_NEGATIVES - 20,
+        branching=10,
+        beam=20,
+        weight=problem.new_weight(),
+        sparse_grad=sparse_grad,
+    )
+
+
+#: our heads that take ``sparse_grad``: name -> head factory
+SPARSE_CAPABLE_HEADS: dict[str, Callable[[Problem, bool], nn.Module]] = {
+    "uniform": sampled_head(uniform),
+    "uniform_shared": sampled_head(uniform, shared_negatives=True),
+    "unigram": sampled_head(unigram),
+    "log_uniform": sampled_head(log_uniform),
+    "in_batch": sampled_head(lambda p: None, num_negatives=0, in_batch_negatives=True),
+    "midx_pq": sampled_head(midx("pq")),
+    "midx_rq": sampled_head(midx("rq")),
+    "midx_learn": sampled_head(midx("rq", learnable=True)),
+    "tapas": tapas_head,
+    "one_vs_each": ove_head,
+    "cane": cane_head,
+}
+
+
+def all_methods() -> list[Method]:
+    """Every benchmarked method, peers first; each of our sparse-capable heads twice."""
+    methods = [
+        Method("plain_cross_entropy", "peer", True, False, build_plain, logits_bytes=12),
+        Method(
+            "linear_cross_entropy", "peer", True, False, build_linear_cross_entropy, logits_bytes=0
+        ),
+        Method(
+            "cut_cross_entropy",
+            "peer",
+            True,
+            False,
+            build_cut_cross_entropy,
+            logits_bytes=12,
+            requires="cut_cross_entropy",
+        ),
+        Method("adaptive_log_softmax", "peer", False, False, build_adaptive),
+        Method("full_softmax_head", "ours", True, False, head_builder(full_head, False)),
+    ]
+    for name, make_head in SPARSE_CAPABLE_HEADS.items():
+        for sparse in (False, True):
+            label = f"{name}_sparse" if sparse else name
+            methods.append(Method(label, "ours", False, sparse, head_builder(make_head, sparse)))
+    return methods
+
+
+METHODS = {m.name: m for m in all_methods()}
+REFERENCE = "plain_cross_entropy"
+
+
+def missing_requirement(method: Method) -> str | None:
+    """Why ``method`` cannot run in this environment (``None`` when it can)."""
+    if method.requires:
+        try:
+            importlib.import_module(method.requires)
+        except ImportError as error:
+            return f"not installed: {error}"
+    if method.name == "linear_cross_entropy" and not hasattr(F, "linear_cross_entropy"):
+        return f"not available: torch {torch.__version__} has no F.linear_cross_entropy"
+    return None
+
+
+def estimated_bytes(method: Method, num_classes: int, batch: int, dim: int) -> int:
+    """An upper estimate of one step's memory beyond the inputs: the logits it keeps alive
+    (``logits_bytes`` per query and class: logits, softmax and their gradient for plain
+    cross-entropy) plus a dense ``[N, D]`` gradient and one ``[N, D]`` temporary."""
+    dense_table = 0 if method.sparse_grad else 2 * num_classes * dim * FLOAT_BYTES
+    return method.logits_bytes * batch * num_classes + dense_table
+
+
+def available_bytes(device: str) -> int:
+    """Memory a step may still take: free CUDA memory, or ``MemAvailable`` of ``/proc/meminfo``."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("MemAvailable missing from /proc/meminfo")
+
+
+def skip_reason(method: Method, num_classes: int, batch: int, dim: int, device: str) -> str | None:
+    """Why ``method`` is not run at ``num_classes`` (missing package, or too little memory)."""
+    missing = missing_requirement(method)
+    if missing:
+        return missing
+    need = estimated_bytes(method, num_classes, batch, dim)
+    free = available_bytes(device)
+    if need + MEMORY_MARGIN_BYTES > free:
+        return (
+            f"skipped: needs about {need / 2**30:.1f} GiB (estimate), "
+            f"{free / 2**30:.1f} GiB available"
+        )
+    return None
+
+
+def make_step(method: Method, problem: Problem) -> Callable[[], None]:
+    """One forward + backward of ``method`` on ``problem``; gradients are dropped at the end, so
+    a step starts with none and its peak includes them."""
+    loss_fn, params = method.build(problem)
+
+    def step() -> None:
         loss_fn().backward()
+        for p in params:
+            p.grad = None
 
     return step
 
 
-def measure_memory(method: str, num_classes: int, batch: int, dim: int, device: str) -> float:
-    """Peak extra bytes of one step of ``method``, measured in this (fresh) process."""
-    step = build_step(method, num_classes, batch, dim, device)
-    gc.collect()
-    return peak_extra_bytes(step, device)
+def warm_up(method: Method, batch: int, dim: int, device: str) -> None:
+    """One step on a small problem: compiles, lazy initialisations and thread pools happen here,
+    outside what is timed or measured."""
+    make_step(method, make_problem(WARMUP_CLASSES, batch, dim, device))()
 
 
-def memory_in_subprocess(method: str, num_classes: int, batch: int, dim: int, device: str) -> float:
-    code = (
-        "import json, sys; from benchmarks.head_step import measure_memory; "
-        f"print(json.dumps(measure_memory({method!r}, {num_classes}, {batch}, {dim}, {device!r})))"
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(step: Callable[[], None], device: str) -> float:
+    """Wall-clock seconds of one ``step()``."""
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def time_methods(
+    methods: Sequence[Method], problem: Problem, repeats: int, device: str
+) -> dict[str, list[float]]:
+    """Seconds per step of each method, ``repeats`` round-robin rounds (one step each per round)."""
+    steps, build_s = {}, {}
+    for m in methods:
+        start = time.perf_counter()
+        steps[m.name] = make_step(m, problem)
+        build_s[m.name] = time.perf_counter() - start
+    print("  built: " + ", ".join(f"{n} {t:.1f}s" for n, t in build_s.items() if t >= 0.1))
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(repeats):
+        for name, step in steps.items():
+            times[name].append(timed(step, device))
+        shown = ", ".join(f"{name} {t[-1]:.3f}s" for name, t in times.items())
+        print(f"  round {r + 1}/{repeats}: {shown}", flush=True)
+    return times
+
+
+def measure_memory(
+    name: str, sizes: Sequence[int], batch: int, dim: int, device: str, threads: int | None
+) -> list[float | str]:
+    """Peak extra bytes of one step of method ``name`` at each size, in this (fresh) process;
+    a size the method is not run at gives the reason instead."""
+    set_threads(threads)
+    method = METHODS[name]
+    warm_up(method, batch, dim, device)
+    peaks: list[float | str] = []
+    for n in sizes:
+        reason = skip_reason(method, n, batch, dim, device)
+        if reason:
+            peaks.append(reason)
+            continue
+        step = make_step(method, make_problem(n, batch, dim, device))
+        gc.collect()
+        peaks.append(peak_extra_bytes(step, device))
+        del step
+        gc.collect()
+    return peaks
+
+
+def memory_in_subprocess(
+    name: str, sizes: Sequence[int], batch: int, dim: int, device: str, threads: int | None
+) -> list[float | str]:
+    """:func:`measure_memory` in a fresh process, forked from a server that has only imported
+    this module (so that each method pays no import time); a crash becomes the reason."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["benchmarks.head_step"])
+    module = importlib.import_module("benchmarks.head_step")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        future = pool.submit(module.measure_memory, name, sizes, batch, dim, device, threads)
+        try:
+            return future.result()
+        except BrokenProcessPool as error:
+            return [f"failed: the measuring process died ({error})"] * len(sizes)
+
+
+def set_threads(threads: int | None) -> None:
+    """torch's and faiss' thread counts (``None``: leave them)."""
+    if threads:
+        torch.set_num_threads(threads)
+        faiss.omp_set_num_threads(threads)
+
+
+def slow_step_reason(previous: tuple[int, list[float]] | None, n: int, limit: float) -> str | None:
+    """Why a method is not timed at ``n``: its step, estimated linear in ``N`` from its median at
+    the previous size ``previous = (N0, times)``, would take more than ``limit`` seconds."""
+    if previous is None:
+        return None
+    n0, times0 = previous
+    median = statistics.median(times0)
+    estimate = median * n / n0
+    if estimate <= limit:
+        return None
+    return (
+        f"skipped: about {estimate:.0f} s per step (linear in N from {median:.2f} s at "
+        f"N = {n0:,}) > --max-step-seconds {limit:g}"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def selected_methods(args: argparse.Namespace) -> list[Method]:
+    """The methods ``--methods`` names, in the registry's order, plain cross-entropy (the
+    reference of the ratios) always among them."""
+    wanted = {REFERENCE, *args.methods}
+    return [m for m in METHODS.values() if m.name in wanted]
+
+
+def time_all_sizes(args: argparse.Namespace) -> dict[tuple[str, int], list[float] | str]:
+    """``(method, N) -> seconds per round``, or the reason the method was not run there. Plain
+    cross-entropy, the reference of the ratios, is exempt from ``--max-step-seconds``."""
+    results: dict[tuple[str, int], list[float] | str] = {}
+    runnable = []
+    for method in selected_methods(args):
+        missing = missing_requirement(method)
+        if missing:
+            results.update({(method.name, n): missing for n in args.sizes})
+            continue
+        warm_up(method, args.batch, args.dim, args.device)
+        runnable.append(method)
+    previous: dict[str, tuple[int, list[float]]] = {}
+    for n in args.sizes:
+        print(f"N = {n:,}: building", flush=True)
+        problem = make_problem(n, args.batch, args.dim, args.device)
+        timed_here = []
+        for method in runnable:
+            reason = skip_reason(method, n, args.batch, args.dim, args.device)
+            if reason is None and method.name != REFERENCE:
+                reason = slow_step_reason(previous.get(method.name), n, args.max_step_seconds)
+            if reason:
+                results[method.name, n] = reason
+                print(f"  {method.name}: {reason}", flush=True)
+            else:
+                timed_here.append(method)
+        times = time_methods(timed_here, problem, args.repeats, args.device)
+        results.update({(name, n): t for name, t in times.items()})
+        previous.update({name: (n, t) for name, t in times.items()})
+        del problem
+        gc.collect()
+    return results
+
+
+def measure_all_memory(
+    args: argparse.Namespace, times: dict[tuple[str, int], list[float] | str]
+) -> dict[tuple[str, int], float | str]:
+    """``(method, N) -> peak extra bytes``, or the reason it was not measured (the timing's reason
+    where the method was not timed at that size); one fresh process per method."""
+    peaks: dict[tuple[str, int], float | str] = {}
+    for method in selected_methods(args):
+        sizes = [n for n in args.sizes if isinstance(times[method.name, n], list)]
+        peaks.update({(method.name, n): times[method.name, n] for n in args.sizes})
+        if not sizes:
+            continue
+        start = time.perf_counter()
+        values = memory_in_subprocess(
+            method.name, sizes, args.batch, args.dim, args.device, args.threads
+        )
+        shown = ", ".join(v if isinstance(v, str) else f"{v / 2**20:.1f} MiB" for v in values)
+        print(f"  memory {method.name}: {shown} ({time.perf_counter() - start:.1f}s)", flush=True)
+        peaks.update({(method.name, n): v for n, v in zip(sizes, values, strict=True)})
+    return peaks
+
+
+def result_rows(
+    args: argparse.Namespace,
+    times: dict[tuple[str, int], list[float] | str],
+    peaks: dict[tuple[str, int], float | str],
+) -> list[dict]:
+    """One row per (N, method): median time and its ratio to plain cross-entropy's, peak memory
+    and its ratio to plain's, and a status saying why a number is missing."""
+    rows = []
+    for n in args.sizes:
+        reference_time = times.get((REFERENCE, n))
+        reference_peak = peaks.get((REFERENCE, n))
+        for method in selected_methods(args):
+            t, peak = times[method.name, n], peaks[method.name, n]
+            median = statistics.median(t) if isinstance(t, list) else None
+            ref_median = (
+                statistics.median(reference_time) if isinstance(reference_time, list) else None
+            )
+            status = next((s for s in (t, peak) if isinstance(s, str)), "ok")
+            rows.append(
+                {
+                    "num_classes": n,
+                    "method": method.name,
+                    "family": method.family,
+                    "exact": method.exact,
+                    "sparse_grad": method.sparse_grad,
+                    "batch": args.batch,
+                    "dim": args.dim,
+                    "device": args.device,
+                    "median_s": median if median is not None else "",
+                    "times_s": " ".join(f"{x:.4f}" for x in t) if isinstance(t, list) else "",
+                    "time_vs_plain": median / ref_median if median and ref_median else "",
+                    "peak_mib": peak / 2**20 if isinstance(peak, float) else "",
+                    "memory_vs_plain": (
+                        peak / reference_peak
+                        if isinstance(peak, float) and isinstance(reference_peak, float)
+                        else ""
+                    ),
+                    "status": status,
+                }
+            )
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Time per step (left) and peak memory (right) against N, log-log, one line per method:
+    dense gradient solid, sparse dashed, peers dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(15, 7))
+    cmap = plt.get_cmap("tab20")
+    shown = [m for m in METHODS.values() if any(r["method"] == m.name for r in rows)]
+    bases = list(dict.fromkeys(m.name.removesuffix("_sparse") for m in shown))
+    for method in shown:
+        base = method.name.removesuffix("_sparse")
+        style = ":" if method.family == "peer" else ("--" if method.sparse_grad else "-")
+        color = cmap(bases.index(base) % 20)
+        for ax, key in zip(axes, ("median_s", "peak_mib"), strict=True):
+            points = [
+                (r["num_classes"], r[key])
+                for r in rows
+                if r["method"] == method.name and r[key] != "" and r[key] > 0
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, style, marker="o", ms=3, color=color, label=method.name)
+    axes[0].set_ylabel("seconds per step (forward + backward)")
+    axes[1].set_ylabel("peak extra memory of one step (MiB)")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("number of classes N")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(
+        f"One training step, B = {rows[0]['batch']}, D = {rows[0]['dim']} "
+        f"(solid: our heads, dense gradient; dashed: sparse_grad; dotted: peers)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def header(load_start: str, load_end: str, background: str) -> str:
+    """What else ran: the load average at the start and at the end of the run, and the
+    ``--background`` note."""
+    text = (
+        f"Background load: load average (1, 5, 15 min) {load_start} at the start and {load_end} "
+        f"at the end of this run."
+    )
+    if background:
+        text += f" Running beside it: {background}; times are relative (see `time_vs_plain`)."
+    return text
+
+
+def notes(args: argparse.Namespace) -> str:
+    return f"""
+One training step (forward + backward, no optimizer step), B = {args.batch}, D = {args.dim},
+device {args.device}, {args.threads or torch.get_num_threads()} torch thread(s); Zipfian targets.
+Time: median of {args.repeats} round-robin rounds after a warm-up on a {WARMUP_CLASSES:,}-class
+problem; `time_vs_plain` is that median over plain cross-entropy's median of the same rounds
+(below 1: faster). `peak_mib`: growth of peak memory over one step in a fresh process, beyond the
+class table, inputs and index (gradients included); `memory_vs_plain` likewise. Sampled heads:
+100 negatives per query (in-batch: the batch's targets only); MIDX K = {CODEBOOK_SIZE}, index
+built before timing, refresh not timed; `uniform_shared`: 100 negatives shared by the batch;
+`_sparse`: `sparse_grad=True`. `adaptive_log_softmax`
+(cutoffs N/50, N/5, div_value 4) is a different model, not an exact softmax, and its cost
+depends on the targets' distribution. `linear_cross_entropy`: torch's chunked path
+(`options=nn.LinearCrossEntropyOptions()`); `cut_cross_entropy`: `impl="torch_compile"`.
+A `status` other than `ok` says why a number is missing (not installed, estimated memory not
+available, or an estimated step longer than `--max-step-seconds` {args.max_step_seconds:g}).
+`linear_cross_entropy`'s auto chunking on CPU fp32 is one query per chunk from N = 1e5 on (module
+docstring), hence its time.
+
+Reproduce: `make bench` (or `python -m benchmarks.head_step --threads 1`).
+"""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,75 +721,58 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch and faiss threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--max-step-seconds",
+        type=float,
+        default=120.0,
+        help="skip a method at a size where its step, linear in N from the previous size, "
+        "would take longer (plain cross-entropy, the reference, is always run)",
+    )
+    parser.add_argument(
+        "--background", default="", help="what else ran on the machine, for the results' header"
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(METHODS),
+        default=list(METHODS),
+        metavar="METHOD",
+        help=f"the methods to run (default: all; plain cross-entropy always): {', '.join(METHODS)}",
+    )
     parser.add_argument("--name", default="head_step")
     args = parser.parse_args(argv)
+    args.sizes = sorted(set(args.sizes))
+    set_threads(args.threads)
 
-    rows = []
-    for n in args.sizes:
-        print(f"N = {n:,}: building", flush=True)
-        steps = {m: build_step(m, n, args.batch, args.dim, args.device) for m in METHODS}
-        times: dict[str, list[float]] = {m: [] for m in METHODS}
-        for m in METHODS:  # warm-up
-            steps[m]()
-        for r in range(args.repeats):
-            for m in METHODS:
-                times[m].append(median_time(steps[m], repeats=1, warmup=0)[0])
-            print(
-                f"  round {r + 1}/{args.repeats}: "
-                + ", ".join(f"{m} {times[m][-1]:.3f}s" for m in METHODS),
-                flush=True,
-            )
-        del steps
-        plain_time = sorted(times["plain_cross_entropy"])[len(times["plain_cross_entropy"]) // 2]
-        plain_mem = None
-        for m in METHODS:
-            t0 = time.perf_counter()
-            mem = memory_in_subprocess(m, n, args.batch, args.dim, args.device)
-            print(
-                f"  memory {m}: {mem / 2**20:.1f} MiB ({time.perf_counter() - t0:.1f}s)", flush=True
-            )
-            med = sorted(times[m])[len(times[m]) // 2]
-            plain_mem = mem if m == "plain_cross_entropy" else plain_mem
-            rows.append(
-                {
-                    "num_classes": n,
-                    "method": m,
-                    "batch": args.batch,
-                    "dim": args.dim,
-                    "median_s": med,
-                    "times_s": " ".join(f"{t:.4f}" for t in times[m]),
-                    "speedup_vs_plain": plain_time / med,
-                    "peak_mib": mem / 2**20,
-                    "memory_vs_plain": mem / plain_mem,
-                }
-            )
-    notes = f"""
-One training step (forward + backward) with B = {args.batch}, D = {args.dim}, device
-{args.device}; median of {args.repeats} round-robin rounds after one warm-up. `peak_mib`: growth of
-peak memory over one step in a fresh process, beyond parameters and inputs (gradients included).
-Targets at N = 1e6: sampled head >= 50x faster than plain cross-entropy; `FullSoftmaxHead` peak
-memory <= 1/4 of plain and time <= 1.2x of plain. With the dense default gradient a sampled step
-still allocates and fills the `[N, D]` class-table gradient (512 MiB at N = 1e6), which is most of
-its time there; `sparse_grad=True` makes that gradient row-sparse.
-
-Reproduce: `make bench` (or `python -m benchmarks.head_step`).
-"""
+    load_start = load_average()
+    times = time_all_sizes(args)
+    peaks = measure_all_memory(args, times)
+    rows = result_rows(args, times, peaks)
     md = write_results(
         args.name,
         rows,
-        title="Head training step: time and peak memory",
-        notes=notes,
+        title="Head training step: time and peak memory of every head and of the peers",
+        notes=notes(args),
+        header=header(load_start, load_average(), args.background),
         columns=[
             "num_classes",
             "method",
+            "family",
+            "exact",
+            "sparse_grad",
             "median_s",
-            "speedup_vs_plain",
+            "time_vs_plain",
             "peak_mib",
             "memory_vs_plain",
+            "status",
         ],
     )
+    plot(rows, RESULTS_DIR / f"{args.name}.png")
     print(md.read_text())
     print(f"results under {RESULTS_DIR}")
 
