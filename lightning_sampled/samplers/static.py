@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -84,12 +85,12 @@ class UnigramSampler(_StaticSampler):
     """The squashed empirical distribution of the TAPAS paper: ``q(i) ∝ max(f_i^alpha, floor)``.
 
     ``f_i = counts_i / sum(counts)`` is the empirical frequency; ``alpha`` in ``[0, 1]`` flattens it
-    and ``floor > 0`` keeps classes never seen in training drawable. Draws invert a float64
-    cumulative table through a guide table (Chen and Asau's indexed search): ``N`` equal buckets
-    of ``[0, 1)`` each know the first class whose interval reaches them, so a draw reads the
-    guide and walks forward about one class on average; ``O(1)`` expected time per draw
-    whatever ``N`` is (a binary search would miss the cache about ``log2 N`` times in a row),
-    ``O(N)`` memory.
+    and ``floor > 0`` keeps classes never seen in training drawable. Draws use Walker's alias
+    method (:func:`alias_table`) with each cell's class, alias and both log-probabilities packed
+    in one 32-byte row: a draw reads one row, so it costs ``O(1)`` and at most one cache miss
+    whatever ``N`` is; ``O(N)`` memory (``36 N`` bytes with :attr:`log_probs`).
+
+    The state dict holds :attr:`log_probs` only; the alias table is rebuilt from it on load.
 
     Args:
         counts: ``[N]`` non-negative class counts (or frequencies).
@@ -133,13 +134,25 @@ class UnigramSampler(_StaticSampler):
             weights[padding_idx] = 0.0
         probs = weights / weights.sum()
         self.register_buffer("log_probs", probs.log().float(), persistent=True)
-        cdf = torch.cumsum(probs, 0)
-        self.register_buffer("cdf", cdf / cdf[-1], persistent=True)
-        self.register_buffer("guide", guide_table(self.cdf), persistent=False)
+        self.register_buffer("alias_rows", self._packed_alias_rows(), persistent=False)
+        self.register_load_state_dict_pre_hook(_drop_legacy_cdf)
+        self.register_load_state_dict_post_hook(_rebuild_alias_rows)
 
-    def _draw(self, shape, device, generator):
-        u = torch.rand(shape, device=device, generator=generator, dtype=torch.float64)
-        return invert_cdf(self.cdf, self.guide, u.reshape(-1)).reshape(shape)
+    def _packed_alias_rows(self) -> Tensor:
+        """float64 ``[N, 4]``: per cell ``c``, its threshold, its alias, ``log q(c)`` and
+        ``log q(alias)``, built from :attr:`log_probs` so that draws follow exactly the stored
+        distribution."""
+        log_probs = self.log_probs.double()
+        threshold, alias = alias_table(log_probs.exp())
+        return torch.stack([threshold, alias.double(), log_probs, log_probs[alias]], dim=1)
+
+    def _sample(
+        self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
+    ) -> Sample:
+        shape = (num_samples,) if shared else (z.shape[0], num_samples)
+        u = torch.rand(math.prod(shape), device=z.device, generator=generator, dtype=torch.float64)
+        ids, log_q = alias_draw(self.alias_rows, u)
+        return Sample(ids.view(shape), log_q.float().view(shape))
 
     def _log_q(self, ids: Tensor) -> Tensor:
         return lookup(self.log_probs, ids)
@@ -148,49 +161,75 @@ class UnigramSampler(_StaticSampler):
         return f"{super().extra_repr()}, alpha={self.alpha}, floor={self.floor:.3g}"
 
 
-_GUIDE_SLACK = 1.0 - 2.0**-40  # below the rounding of floor(u * N) to the next bucket
+def _drop_legacy_cdf(module: UnigramSampler, state_dict: dict, prefix: str, *_: Any) -> None:
+    # Checkpoints written before the alias table also hold the cumulative table it replaced.
+    state_dict.pop(prefix + "cdf", None)
 
 
-def guide_table(cdf: Tensor) -> Tensor:
-    """For each of ``N`` equal buckets of ``[0, 1)``, a class at or before the first class whose
-    cumulative probability exceeds the bucket's start (a hair below it, so that rounding in
-    ``floor(u * N)`` never lands a draw before its bucket's guide).
-
-    Args:
-        cdf: ``[N]`` float64 non-decreasing cumulative probabilities, ``cdf[-1] == 1``.
-
-    Returns:
-        long ``[N]``, non-decreasing.
-    """
-    n = cdf.numel()
-    starts = torch.arange(n, dtype=torch.float64, device=cdf.device) / n * _GUIDE_SLACK
-    return torch.searchsorted(cdf, starts, right=True).clamp_(max=n - 1)
+def _rebuild_alias_rows(module: UnigramSampler, incompatible_keys: Any) -> None:
+    module.alias_rows = module._packed_alias_rows()
 
 
-_WALK_STEPS = 4
+def alias_table(probs: Tensor) -> tuple[Tensor, Tensor]:
+    """Walker's alias table of a distribution, built without a loop over the classes.
 
+    Cell ``c`` of ``N`` equal cells keeps class ``c`` with probability ``threshold[c]`` and
+    otherwise gives ``alias[c]``, so that class ``k`` is drawn with probability
+    ``(threshold[k] + sum over cells c aliased to k of (1 - threshold[c])) / N = probs[k]``.
 
-def invert_cdf(cdf: Tensor, guide: Tensor, u: Tensor) -> Tensor:
-    """``searchsorted(cdf, u, right=True)``: the first class ``i`` with ``cdf[i] > u``, found
-    from the guide by a short forward walk; the rare draws still behind after a few steps (a
-    bucket holding many tiny classes) finish with a binary search.
+    The construction is the sweep of Hübschle-Schneider and Sanders ("Parallel weighted random
+    sampling", 2019), written with prefix sums. With scaled weights ``s = N * probs``, the light
+    classes (``s < 1``) in id order lack ``1 - s`` each, the heavy ones (``s >= 1``) in id order
+    hold ``s - 1`` to spare. Light ``i`` takes its lack from the first heavy ``j`` whose
+    cumulative spare ``H_j`` exceeds the lack ``D`` of the lights before ``i``; heavy ``j``, once
+    the lights before cumulative lack ``H_j`` are served, keeps ``1 + H_j - D`` (``D`` the lack
+    of the lights it and the heavies before it served) and takes the rest of its cell from heavy
+    ``j + 1``. The last heavy keeps its whole cell.
 
     Args:
-        cdf: ``[N]`` float64 cumulative probabilities, ``cdf[-1] == 1``; zero-probability classes
-            have empty intervals and are never returned.
-        guide: long ``[N]`` from :func:`guide_table` of ``cdf``.
-        u: ``[S]`` float64 uniforms in ``[0, 1)``.
+        probs: ``[N]`` non-negative probabilities, summing to 1 (renormalised here);
+            zero-probability classes are never drawn.
 
     Returns:
-        long ``[S]`` class ids.
+        ``(threshold float64 [N], alias long [N])``.
     """
-    n = cdf.numel()
-    ids = lookup(guide, (u * n).long().clamp_(max=n - 1))
-    for _ in range(_WALK_STEPS):
-        behind = lookup(cdf, ids) <= u
-        if not bool(behind.any()):
-            return ids
-        ids += behind
-    behind = (lookup(cdf, ids) <= u).nonzero().squeeze(1)
-    ids[behind] = torch.searchsorted(cdf, u[behind], right=True)
-    return ids
+    n = probs.numel()
+    scaled = probs.double() * (n / probs.double().sum())
+    light = scaled < 1.0
+    if bool(light.all()):  # every class within rounding of 1 / N: each keeps its own cell
+        return torch.ones_like(scaled), torch.arange(n, device=probs.device)
+    lights, heavies = light.nonzero().squeeze(1), (~light).nonzero().squeeze(1)
+    threshold = scaled.clamp(max=1.0)
+    alias = torch.arange(n, device=probs.device)
+    lack = 1.0 - scaled[lights]
+    lack_before = torch.cumsum(lack, 0) - lack
+    spare = torch.cumsum(scaled[heavies] - 1.0, 0)
+    server = torch.searchsorted(spare, lack_before, right=True).clamp_(max=heavies.numel() - 1)
+    alias[lights] = heavies[server]
+    served = torch.searchsorted(lack_before, spare)  # lights served by heavies 1..j
+    lack_served = torch.cat([lack.new_zeros(1), torch.cumsum(lack, 0)])[served]
+    threshold[heavies] = (1.0 + spare - lack_served).clamp_(0.0, 1.0)
+    threshold[heavies[-1]] = 1.0
+    alias[heavies[:-1]] = heavies[1:]
+    return threshold, alias
+
+
+def alias_draw(rows: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Draws from an alias table, one uniform each: cell ``floor(u * N)``, and the fraction
+    ``u * N - cell`` against the cell's threshold.
+
+    Args:
+        rows: float64 ``[N, 4]`` packed rows (threshold, alias, ``log q(cell)``,
+            ``log q(alias)``), as :class:`UnigramSampler` holds them.
+        u: float64 ``[S]`` uniforms in ``[0, 1)``.
+
+    Returns:
+        ``(ids long [S], log_q float64 [S])``.
+    """
+    n = rows.shape[0]
+    scaled = u * n
+    cell = scaled.long().clamp_(max=n - 1)
+    row = rows.index_select(0, cell)
+    keep = (scaled - cell) < row[:, 0]
+    ids = torch.where(keep, cell, row[:, 1].long())
+    return ids, torch.where(keep, row[:, 2], row[:, 3])

@@ -59,7 +59,7 @@ def test_checkpoint_restores_heads_and_sampler_buffers_and_resumes(tmp_path):
     restored = ToyModel.load_from_checkpoint(ckpt)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, restored.state_dict()[name]), name
-    assert "head.sampler.cdf" in restored.state_dict()
+    assert "head.sampler.log_probs" in restored.state_dict()
     assert evaluate(restored, data) == evaluate(model, data)
 
     resumed_trainer = make_trainer(tmp_path, max_epochs=2)

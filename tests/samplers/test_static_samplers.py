@@ -7,7 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from lightning_sampled.samplers import LogUniformSampler, UniformSampler, UnigramSampler
-from lightning_sampled.samplers.static import guide_table, invert_cdf
+from lightning_sampled.samplers.static import alias_draw, alias_table
 
 N = 37
 
@@ -142,31 +142,68 @@ def test_sample_and_log_prob_reject_bad_input():
         sampler.log_prob(torch.zeros(2, 3), torch.tensor([1, 10]))
 
 
-def hard_cdfs() -> dict[str, torch.Tensor]:
-    """Cumulative tables where a guided inversion can go wrong: class boundaries exactly on
-    bucket starts (uniform), zero-probability classes, and a bucket holding hundreds of tiny
-    classes (longer than the forward walk)."""
-    uniform = torch.full((1000,), 1e-3, dtype=torch.float64)
-    gaps = torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+def hard_distributions() -> dict[str, torch.Tensor]:
+    """Distributions where an alias table can go wrong: all classes equal (every cell exactly
+    full), zero-probability classes, one class holding nearly all the mass beside hundreds of
+    tiny ones, a likely class (.6) among few, a heavy class used up exactly where a light one
+    starts, a single class, and a heavy-tailed table where heavy classes turn light after
+    serving many cells."""
+    g = torch.Generator().manual_seed(0)
+    gaps = torch.rand(500, dtype=torch.float64, generator=g)
     gaps[::3] = 0.0
-    crowded = torch.cat([torch.tensor([1.0 - 999e-12]), torch.full((999,), 1e-12)]).double()
-    out = {}
-    for name, probs in {"uniform": uniform, "zeros": gaps, "crowded": crowded}.items():
-        cdf = torch.cumsum(probs, 0)
-        out[name] = cdf / cdf[-1]
-    return out
+    zipf = 1.0 / torch.arange(1, 20_001, dtype=torch.float64) ** 1.1
+    return {
+        "uniform": torch.full((1000,), 1e-3, dtype=torch.float64),
+        "zeros": gaps / gaps.sum(),
+        "crowded": torch.tensor([1.0 - 999e-12] + [1e-12] * 999, dtype=torch.float64),
+        "likely": torch.tensor([0.6, 0.25, 0.1, 0.05], dtype=torch.float64),
+        # the first heavy class is used up exactly where the second light class starts
+        "tie": torch.tensor([0.375, 0.375, 0.125, 0.125], dtype=torch.float64),
+        "single": torch.ones(1, dtype=torch.float64),
+        "zipf": zipf[torch.randperm(zipf.numel(), generator=g)] / zipf.sum(),
+    }
 
 
-@pytest.mark.parametrize("name", ["uniform", "zeros", "crowded"])
-def test_guided_inversion_equals_binary_search_at_every_boundary(name):
-    cdf = hard_cdfs()[name]
-    n = cdf.numel()
-    starts = torch.arange(n, dtype=torch.float64) / n
-    points = torch.cat([cdf[:-1], starts, torch.rand(20_000, dtype=torch.float64)])
-    below = torch.nextafter(points, torch.zeros(()).double())
-    above = torch.nextafter(points, torch.ones(()).double())
-    u = torch.cat([points, below, above, torch.tensor([0.0])]).clamp(0.0, 1.0 - 2**-53)
-    guided = invert_cdf(cdf, guide_table(cdf), u)
-    assert torch.equal(guided, torch.searchsorted(cdf, u, right=True))
-    probs = torch.diff(cdf, prepend=torch.zeros(1, dtype=torch.float64))
-    assert bool((probs[guided] > 0).all())
+@pytest.mark.parametrize("name", list(hard_distributions()))
+def test_alias_table_gives_every_class_its_probability(name):
+    probs = hard_distributions()[name]
+    n = probs.numel()
+    threshold, alias = alias_table(probs)
+    assert bool(((threshold >= 0) & (threshold <= 1)).all())
+    mass = (threshold / n).index_add(0, alias, (1.0 - threshold) / n)
+    torch.testing.assert_close(mass, probs, rtol=0, atol=1e-12)
+    reachable = (threshold > 0) | torch.isin(torch.arange(n), alias[threshold < 1])
+    assert not bool(reachable[probs == 0].any())
+
+
+@pytest.mark.parametrize("name", ["zeros", "likely", "zipf"])
+def test_alias_draws_on_a_fine_grid_match_the_probabilities(name):
+    """Uniforms on a grid of 64 points per cell, through the sampler's own packed rows: every
+    class's share of the grid is its probability within the grid's resolution (one point per
+    cell the class has a part of)."""
+    probs = hard_distributions()[name]
+    sampler = UnigramSampler(probs, alpha=1.0, floor=1e-300)
+    n = probs.numel()
+    u = (torch.arange(64 * n, dtype=torch.float64) + 0.5) / (64 * n)
+    ids, log_q = alias_draw(sampler.alias_rows, u)
+    share = torch.bincount(ids, minlength=n).double() / u.numel()
+    aliases = sampler.alias_rows[:, 1].long()[sampler.alias_rows[:, 0] < 1]
+    cells = 1 + torch.bincount(aliases, minlength=n)
+    error = (share - sampler.log_probs.double().exp()).abs()
+    assert bool((error <= (cells + 1) / u.numel()).all()), float(error.max())
+    torch.testing.assert_close(log_q.float(), sampler.log_probs[ids])
+
+
+def test_loading_a_state_dict_rebuilds_the_alias_table():
+    source = UnigramSampler(torch.arange(1.0, 38.0), alpha=1.0)
+    target = UnigramSampler(torch.arange(37.0, 0.0, -1.0), alpha=1.0)
+    state = source.state_dict()
+    assert list(state) == ["log_probs"]
+    target.load_state_dict(state)
+    assert torch.equal(target.alias_rows, source.alias_rows)
+    legacy = {**state, "cdf": torch.linspace(0.0, 1.0, 37, dtype=torch.float64)}
+    target.load_state_dict(
+        legacy
+    )  # written before the alias table: its cumulative table is ignored
+    with pytest.raises(RuntimeError, match="Unexpected key.*other"):
+        target.load_state_dict({**state, "other": torch.zeros(1)})
