@@ -62,6 +62,18 @@ def load_average() -> str:
         return "unknown"
 
 
+def load_header(load_start: str, load_end: str, background: str = "") -> str:
+    """Markdown for a results header: the load average (:func:`load_average`) at the start and
+    at the end of a run, and what else ran beside it (``background``, free text)."""
+    text = (
+        f"Background load: load average (1, 5, 15 min) {load_start} at the start and {load_end} "
+        f"at the end of this run."
+    )
+    if background:
+        text += f" Running beside it: {background}; compare the ratios measured in this run."
+    return text
+
+
 def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> tuple[float, list]:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
 

@@ -77,6 +77,7 @@ from torch import Tensor, nn
 from benchmarks.common import (
     RESULTS_DIR,
     load_average,
+    load_header,
     peak_extra_bytes,
     write_results,
 )
@@ -681,18 +682,6 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def header(load_start: str, load_end: str, background: str) -> str:
-    """What else ran: the load average at the start and at the end of the run, and the
-    ``--background`` note."""
-    text = (
-        f"Background load: load average (1, 5, 15 min) {load_start} at the start and {load_end} "
-        f"at the end of this run."
-    )
-    if background:
-        text += f" Running beside it: {background}; times are relative (see `time_vs_plain`)."
-    return text
-
-
 def notes(args: argparse.Namespace) -> str:
     return f"""
 One training step (forward + backward, no optimizer step), B = {args.batch}, D = {args.dim},
@@ -758,7 +747,7 @@ def main(argv: list[str] | None = None) -> None:
         rows,
         title="Head training step: time and peak memory of every head and of the peers",
         notes=notes(args),
-        header=header(load_start, load_average(), args.background),
+        header=load_header(load_start, load_average(), args.background),
         columns=[
             "num_classes",
             "method",

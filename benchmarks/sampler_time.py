@@ -5,7 +5,8 @@
   and MIDX (PQ and RQ, fast mode, K = 64) samplers, D = 64. All (sampler, N) pairs are built first
   and then timed round-robin (one draw of each per round, median over ``--repeats`` rounds after a
   warm-up round), so that load from other processes hits every size alike. As in the paper, index
-  construction is not part of the draw time.
+  construction is not part of the draw time. Beside them, ``random_read``: one random 32-byte
+  row of an ``[N, 4]`` table read per draw, the memory floor of any table-based draw at that N.
 - Refresh: time of ``MIDXSampler.refresh`` (faiss k-means, 25 iterations per codebook, trained
   on a sample of 256 classes per codeword, then every class assigned; plus cells and CSR),
   median over ``min(repeats, 3)`` runs below 1e6 classes, one run
@@ -46,6 +47,8 @@ import torch
 
 from benchmarks.common import (
     RESULTS_DIR,
+    load_average,
+    load_header,
     median_time,
     peak_extra_bytes,
     peak_rss_bytes,
@@ -79,6 +82,19 @@ def make_sampler(name: str, num_classes: int, codebook_size: int) -> Sampler:
     return MIDXSampler(num_classes, codebook_size, name.removeprefix("midx_"), "fast")
 
 
+class RandomRead:
+    """The memory floor of a table-based draw: one uniformly random 32-byte row of an ``[N, 4]``
+    float64 table read per draw (what an alias draw reads), timed beside the samplers."""
+
+    def __init__(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.rows = torch.rand(num_classes, 4, dtype=torch.float64)
+
+    def sample(self, z: torch.Tensor, num_samples: int, generator: torch.Generator) -> torch.Tensor:
+        ids = torch.randint(self.num_classes, (z.shape[0] * num_samples,), generator=generator)
+        return self.rows.index_select(0, ids)
+
+
 def build_samplers(args: argparse.Namespace, num_classes: int, rows: list[dict]) -> dict:
     """Builds every sampler for ``num_classes`` classes, timing MIDX refreshes into ``rows``.
 
@@ -98,6 +114,7 @@ def build_samplers(args: argparse.Namespace, num_classes: int, rows: list[dict])
             )
             log(f"N={num_classes:.0e} {name}: refresh {seconds:.2f} s")
         samplers[name, num_classes] = sampler
+    samplers["random_read", num_classes] = RandomRead(num_classes)
     log(f"N={num_classes:.0e}: samplers ready; peak RSS {peak_rss_bytes() / 2**30:.2f} GiB")
     return samplers
 
@@ -330,6 +347,16 @@ def _issue14_targets(rows, sizes, ms, find, verdict) -> list[str]:
             f"- unigram draw at N = 1e7 / at N = 1e4: {large:.2f} / {small:.2f} ms = "
             f"{large / small:.2f}x (target <= 2x: {verdict(large <= 2 * small)})"
         )
+        floor_small, floor_large = (
+            ms("draw", "random_read", 10_000),
+            ms("draw", "random_read", 10_000_000),
+        )
+        if floor_small is not None and floor_large is not None:
+            lines.append(
+                f"  - of its {large - small:.2f} ms increase, {floor_large - floor_small:.2f} ms "
+                f"is one random 32-byte read per draw ({floor_small:.2f} ms at 1e4, "
+                f"{floor_large:.2f} ms at 1e7: `random_read`), the floor of any table-based draw"
+            )
     for n, limit_s in ((1_000_000, 3.0), (10_000_000, 20.0)):
         for name in ("midx_pq", "midx_rq"):
             refresh = ms("refresh", name, n)
@@ -441,7 +468,11 @@ def main() -> None:
         default=[32, 64, 128, 256],
         help="K of the sequence-shape head and draw measurements (none: skip them)",
     )
+    parser.add_argument(
+        "--background", default="", help="what else ran on the machine, for the results' header"
+    )
     args = parser.parse_args()
+    load_start = load_average()
     args.step_classes = int(args.step_classes)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -459,7 +490,11 @@ def main() -> None:
         time_sequence_draws(args, rows)
     notes = summary(rows)
     path = write_results(
-        "sampler_time", rows, title="Sampler draw, refresh and step time", notes=notes
+        "sampler_time",
+        rows,
+        title="Sampler draw, refresh and step time",
+        notes=notes,
+        header=load_header(load_start, load_average(), args.background),
     )
     plot(rows)
     log(f"wrote {path} and sampler_time.csv / .png\n{notes}")
