@@ -4,13 +4,21 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup test demo bench bench-train-step lint
+.PHONY: setup test test-gpu demo bench bench-train-step lint
 
 setup:
 	bash scripts/setup.sh
 
 test: setup
 	$(PY) -m pytest -q
+
+# The kernel and CUDA-path tests on a GPU machine, with Triton compiled (TRITON_INTERPRET=0).
+# Triton's interpreter is on or off for a whole process (it is read when Triton is imported), so
+# the kernel's CPU cases, which need it, skip here and run under `make test`.
+test-gpu: setup
+	$(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available() and 'test-gpu needs CUDA')"
+	TRITON_INTERPRET=0 $(PY) -m pytest -q -p no:cacheprovider -rs tests/kernels \
+	    tests/callbacks/test_rng_checkpoint.py
 
 demo: setup
 	$(PY) -m recipes.demo

@@ -25,6 +25,12 @@ empty (``log_psi = -inf``, ``P1 = 0``): beyond that MIDX's fp64 draw of the seco
 computes ``s1``, ``s2`` and ``log_psi`` in one kernel launch (one program per block of queries);
 :func:`codeword_logits` picks the kernel on CUDA and the reference elsewhere. Everything is
 accumulated in fp32 whatever the input dtype.
+
+Triton has no CPU backend: on CPU tensors the kernel runs under Triton's interpreter, which
+``TRITON_INTERPRET=1`` switches on for the whole process when Triton is imported
+(:func:`triton_interpreted`). One process cannot run both modes: ``triton.jit`` picks the mode
+when it decorates, Triton's own library functions (``tl.max``, ``tl.sum``) included, and an
+interpreted kernel fails on them if they were compiled, and vice versa.
 """
 
 from __future__ import annotations
@@ -137,8 +143,9 @@ def codeword_logits(
 def codeword_logits_triton(
     z1: Tensor, z2: Tensor, c1: Tensor, c2: Tensor, log_counts: Tensor, *, block_b: int = 16
 ) -> CodewordLogits:
-    """:class:`CodewordLogits` (needs CUDA or ``TRITON_INTERPRET=1``): ``s1``, ``s2`` and
-    ``log_psi`` in one Triton launch, then ``log_p1``, a ``[B, K]`` log-softmax.
+    """:class:`CodewordLogits` (GPU tensors, or any under ``TRITON_INTERPRET=1``:
+    :func:`triton_interpreted`): ``s1``, ``s2`` and ``log_psi`` in one Triton launch, then
+    ``log_p1``, a ``[B, K]`` log-softmax.
 
     Args:
         z1: ``[B, D1]`` first query parts (any float dtype; the last dim must be contiguous or is
@@ -148,9 +155,18 @@ def codeword_logits_triton(
         c2: ``[K, D2]`` second codebook.
         log_counts: ``[K, K]`` fp32 log cell sizes, ``-inf`` for empty cells.
         block_b: queries per program (at least 16, a power of two).
+
+    Raises:
+        RuntimeError: without Triton, or for CPU tensors with the interpreter off.
     """
     if triton is None:
         raise RuntimeError("codeword_logits_triton needs Triton, which is not installed")
+    if z1.device.type == "cpu" and not triton_interpreted():
+        raise RuntimeError(
+            "codeword_logits_triton got CPU tensors, but Triton has no CPU backend and this "
+            "process imported it without TRITON_INTERPRET=1 (its interpreter); pass GPU "
+            "tensors, use codeword_logits_reference, or set TRITON_INTERPRET=1 before importing"
+        )
     z1, z2, c1, c2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (z1, z2, c1, c2))
     log_counts = log_counts.float().contiguous()
     live1, live2 = (live.to(torch.int8) for live in live_codewords(log_counts))
@@ -171,6 +187,15 @@ def codeword_logits_triton(
             BLOCK_B=block_b, BLOCK_K=block_k, BLOCK_D=block_d,
         )  # fmt: skip
     return with_first_stage(s1, s2, log_psi)
+
+
+def triton_interpreted() -> bool:
+    """Whether this process runs the Triton kernel under Triton's interpreter (it was imported
+    with ``TRITON_INTERPRET=1``): then on tensors of any device, copied to the host; otherwise
+    compiled, on GPU tensors only. ``False`` without Triton."""
+    return triton is not None and not isinstance(
+        _codeword_logits_kernel, triton.runtime.jit.JITFunction
+    )
 
 
 if triton is not None:

@@ -1,6 +1,15 @@
-"""The codeword-logits Triton kernel against its torch reference (Triton interpreter on CPU)."""
+"""The codeword-logits Triton kernel against its torch reference, on every device.
 
+Each test runs on ``"cpu"`` (the kernel under Triton's interpreter) and ``"cuda"`` (compiled;
+marked ``gpu``, skipped without a GPU). A process runs the kernel in one mode only
+(:func:`triton_interpreted`): ``make test`` (``TRITON_INTERPRET=1``, set by ``conftest.py``) runs
+the CPU cases, ``make test-gpu`` (``TRITON_INTERPRET=0``) the CUDA ones; the other device's
+kernel cases skip, the torch reference runs on both.
+"""
+
+import importlib
 import math
+import os
 import warnings
 
 import pytest
@@ -10,10 +19,21 @@ from lightning_sampled.kernels.codeword_logits import (
     codeword_logits,
     codeword_logits_reference,
     codeword_logits_triton,
+    triton_interpreted,
 )
+from lightning_sampled.samplers import MIDXSampler
+
+# the module, not the function of the same name that lightning_sampled.kernels exports
+module = importlib.import_module("lightning_sampled.kernels.codeword_logits")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def inputs(b, k, d1, d2, dtype=torch.float32, seed=0, scale=1.0, empty_rows=(1,)):
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
+def device(request):
+    return torch.device(request.param)
+
+
+def inputs(b, k, d1, d2, dtype=torch.float32, seed=0, scale=1.0, empty_rows=(1,), device="cpu"):
     g = torch.Generator().manual_seed(seed)
     z1 = (scale * torch.randn(b, d1, generator=g)).to(dtype)
     z2 = (scale * torch.randn(b, d2, generator=g)).to(dtype)
@@ -21,10 +41,21 @@ def inputs(b, k, d1, d2, dtype=torch.float32, seed=0, scale=1.0, empty_rows=(1,)
     c2 = torch.randn(k, d2, generator=g).to(dtype)
     counts = torch.randint(0, 4, (k, k), generator=g).float()
     counts[list(empty_rows)] = 0.0  # whole rows of empty cells: log_psi = -inf there
-    return z1, z2, c1, c2, counts.log()
+    return tuple(t.to(device) for t in (z1, z2, c1, c2, counts.log()))
 
 
 def run_kernel(*args, **kwargs):
+    """The Triton kernel on the device of ``args``; skips where this process cannot run it
+    there (the CPU under a compiling process, CUDA under the interpreter)."""
+    on_cpu = args[0].device.type == "cpu"
+    if on_cpu != triton_interpreted():
+        pytest.skip(
+            "the Triton interpreter is off in this process (TRITON_INTERPRET=0): `make test` "
+            "runs the CPU kernel"
+            if on_cpu
+            else "the Triton interpreter is on in this process: `make test-gpu` runs the "
+            "compiled kernel"
+        )
     with warnings.catch_warnings():  # the interpreter's numpy warns on log(0) = -inf
         warnings.simplefilter("ignore", RuntimeWarning)
         return codeword_logits_triton(*args, **kwargs)
@@ -39,29 +70,29 @@ def assert_matches(out, ref, atol, rtol):
 
 
 @pytest.mark.parametrize(("b", "k", "d1", "d2"), [(37, 5, 13, 13), (16, 16, 8, 8), (3, 19, 7, 9)])
-def test_fp32_matches_reference_on_odd_sizes(b, k, d1, d2):
-    args = inputs(b, k, d1, d2)
+def test_fp32_matches_reference_on_odd_sizes(b, k, d1, d2, device):
+    args = inputs(b, k, d1, d2, device=device)
     assert_matches(run_kernel(*args), codeword_logits_reference(*args), atol=1e-5, rtol=1e-5)
 
 
-def test_several_query_blocks_and_strided_query_halves():
-    z = torch.randn(40, 70, generator=torch.Generator().manual_seed(1))
-    _, _, c1, c2, log_counts = inputs(1, 6, 35, 35, seed=2)
+def test_several_query_blocks_and_strided_query_halves(device):
+    z = torch.randn(40, 70, generator=torch.Generator().manual_seed(1)).to(device)
+    _, _, c1, c2, log_counts = inputs(1, 6, 35, 35, seed=2, device=device)
     z1, z2 = z[:, :35], z[:, 35:]  # product-quantisation halves: views with row stride 70
     out = run_kernel(z1, z2, c1, c2, log_counts)
     assert_matches(out, codeword_logits_reference(z1, z2, c1, c2, log_counts), 1e-5, 1e-5)
 
 
-def test_large_logits_stay_finite_and_exact():
-    args = inputs(9, 7, 11, 11, scale=30.0, seed=3)
+def test_large_logits_stay_finite_and_exact(device):
+    args = inputs(9, 7, 11, 11, scale=30.0, seed=3, device=device)
     ref = codeword_logits_reference(*args)
     assert ref.s2.abs().max() > 100  # exp would overflow without the max shift
     assert_matches(run_kernel(*args), ref, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_inputs_accumulate_in_fp32(dtype):
-    args = inputs(21, 6, 10, 10, dtype=dtype, seed=4)
+def test_half_precision_inputs_accumulate_in_fp32(dtype, device):
+    args = inputs(21, 6, 10, 10, dtype=dtype, seed=4, device=device)
     args = (*args[:4], args[4].float())
     out = run_kernel(*args)
     ref = codeword_logits_reference(*args)  # the same half inputs, upcast: fp32 math
@@ -73,16 +104,16 @@ def assert_normalised(out, log_counts):
     """P1 sums to one over k1, P2(. | k1) to one over k2 in every row drawn (P1 > 0), and rows
     with ``log_psi = -inf`` (no class, or below the cut) are never drawn."""
     p1 = out.log_p1.exp().double()
-    torch.testing.assert_close(p1.sum(-1), torch.ones(p1.shape[0], dtype=torch.float64))
+    torch.testing.assert_close(p1.sum(-1), p1.new_ones(p1.shape[0]))
     log_psi = out.log_psi.nan_to_num(neginf=0.0)[:, :, None]
     p2 = (log_counts + out.s2[:, None, :] - log_psi).double().exp().sum(-1)
     drawn = p1 > 0
-    torch.testing.assert_close(p2[drawn], torch.ones(int(drawn.sum()), dtype=torch.float64))
+    torch.testing.assert_close(p2[drawn], p2.new_ones(int(drawn.sum())))
     assert not drawn[out.log_psi == -math.inf].any()
 
 
-def test_log_normalisers_define_the_proposal():
-    z1, z2, c1, c2, log_counts = inputs(4, 5, 6, 6, seed=5)
+def test_log_normalisers_define_the_proposal(device):
+    z1, z2, c1, c2, log_counts = inputs(4, 5, 6, 6, seed=5, device=device)
     out = run_kernel(z1, z2, c1, c2, log_counts)
     assert_normalised(out, log_counts)
     assert math.isinf(out.log_psi[0, 1]) and out.log_psi[0, 1] < 0
@@ -95,16 +126,16 @@ def test_log_normalisers_define_the_proposal():
 
 @pytest.mark.parametrize("implementation", [run_kernel, codeword_logits_reference])
 def test_logits_are_shifted_to_the_best_live_codeword_and_dead_ones_are_minus_inf(
-    implementation,
+    implementation, device
 ):
-    z1, z2, c1, c2, log_counts = inputs(6, 5, 4, 4, seed=6, empty_rows=(2,))
+    z1, z2, c1, c2, log_counts = inputs(6, 5, 4, 4, seed=6, empty_rows=(2,), device=device)
     log_counts[:, 3] = -math.inf  # second codeword 3 holds no class
     z1, z2 = z1.abs(), z2.abs()
     c1[2], c2[3] = 50.0, 50.0  # the dead codewords score best
     s1, s2 = z1 @ c1.T, z2 @ c2.T
     out = implementation(z1, z2, c1, c2, log_counts)
-    live1 = torch.tensor([True, True, False, True, True])
-    live2 = torch.tensor([True, True, True, False, True])
+    live1 = torch.tensor([True, True, False, True, True], device=device)
+    live2 = torch.tensor([True, True, True, False, True], device=device)
     for got, raw, live in ((out.s1, s1, live1), (out.s2, s2, live2)):
         assert got[:, ~live].eq(-math.inf).all()
         want = raw[:, live] - raw[:, live].amax(1, keepdim=True)
@@ -114,18 +145,18 @@ def test_logits_are_shifted_to_the_best_live_codeword_and_dead_ones_are_minus_in
 
 @pytest.mark.parametrize("implementation", [run_kernel, codeword_logits_reference])
 @pytest.mark.parametrize("scale", [1e3, 1e30])
-def test_huge_queries_still_give_a_normalised_proposal(implementation, scale):
+def test_huge_queries_still_give_a_normalised_proposal(implementation, scale, device):
     """Logits of 1e30: unshifted, log Z would round away the cell sizes (fp32 ulp ~ 1e23)."""
-    z1, z2, c1, c2, log_counts = inputs(8, 6, 5, 5, seed=7, empty_rows=(1, 4))
+    z1, z2, c1, c2, log_counts = inputs(8, 6, 5, 5, seed=7, empty_rows=(1, 4), device=device)
     z1, z2 = scale * z1, scale * z2
     out = implementation(z1, z2, c1, c2, log_counts)
     assert_normalised(out, log_counts)
     assert (out.log_p1.exp() > 0).sum(-1).min() >= 1
 
 
-def test_logits_beyond_fp32_are_clamped_not_infinite():
-    z1, z2, c1, c2, log_counts = inputs(3, 4, 6, 6, seed=8)
-    sign = torch.tensor([[1.0], [-1.0], [1.0]])  # one sign per query
+def test_logits_beyond_fp32_are_clamped_not_infinite(device):
+    z1, z2, c1, c2, log_counts = inputs(3, 4, 6, 6, seed=8, device=device)
+    sign = torch.tensor([[1.0], [-1.0], [1.0]], device=device)  # one sign per query
     z1, z2 = 1e38 * sign.expand(3, 6), 1e38 * sign.expand(3, 6)
     c1, c2 = c1.abs() + 1, c2.abs() + 1  # every z . c overflows: +-inf without the clamp
     assert (z1 @ c1.T).isinf().all()
@@ -138,32 +169,61 @@ def test_logits_beyond_fp32_are_clamped_not_infinite():
 
 
 @pytest.mark.parametrize("implementation", [run_kernel, codeword_logits_reference])
-def test_rows_below_e_minus_700_of_the_best_get_no_mass(implementation):
-    z1, z2, c1, c2, log_counts = inputs(2, 3, 2, 2, seed=9, empty_rows=())
+def test_rows_below_e_minus_700_of_the_best_get_no_mass(implementation, device):
+    z1, z2, c1, c2, log_counts = inputs(2, 3, 2, 2, seed=9, empty_rows=(), device=device)
     log_counts = torch.tensor(
-        [[0.0, -math.inf, -math.inf], [-math.inf, 0.0, -math.inf], [-math.inf, -math.inf, 0.0]]
+        [[0.0, -math.inf, -math.inf], [-math.inf, 0.0, -math.inf], [-math.inf, -math.inf, 0.0]],
+        device=device,
     )
     # s2 = (0, -650, -720) relative to the best: row 2's only cell is below e^-700 (though
     # still above fp64's smallest number, e^-744)
-    z2 = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
-    c2 = torch.tensor([[0.0, 0.0], [-650.0, 0.0], [-720.0, 0.0]])
+    z2 = torch.tensor([[1.0, 0.0], [1.0, 0.0]], device=device)
+    c2 = torch.tensor([[0.0, 0.0], [-650.0, 0.0], [-720.0, 0.0]], device=device)
     out = implementation(z1, z2, c1, c2, log_counts)
     assert torch.isfinite(out.log_psi[:, :2]).all() and out.log_psi[:, 2].eq(-math.inf).all()
     assert out.log_p1[:, 2].eq(-math.inf).all()
     assert_normalised(out, log_counts)
 
 
-def test_dispatch_uses_the_reference_on_cpu():
-    args = inputs(5, 4, 3, 3)
-    for a, b in zip(codeword_logits(*args), codeword_logits_reference(*args), strict=True):
+def test_dispatch_uses_the_kernel_on_cuda_and_the_reference_on_cpu(device):
+    args = inputs(5, 4, 3, 3, device=device)
+    want = run_kernel(*args) if device.type == "cuda" else codeword_logits_reference(*args)
+    for a, b in zip(codeword_logits(*args), want, strict=True):
         assert torch.equal(a, b)
 
 
+def test_the_kernel_mode_is_the_one_triton_was_imported_in():
+    assert triton_interpreted() == (os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch):
+    monkeypatch.setattr(module, "triton_interpreted", lambda: False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        codeword_logits_triton(*inputs(5, 4, 3, 3))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_midx_proposal_on_cuda_through_the_kernel_equals_the_cpu_reference():
+    """MIDX on a CUDA table scores its proposal with the compiled kernel (``codeword_logits``):
+    the same index gives the same ``log q`` as on the CPU, where the reference scores it."""
+    g = torch.Generator().manual_seed(10)
+    table, z = torch.randn(300, 16, generator=g), torch.randn(37, 16, generator=g)
+    ids = torch.randint(0, 300, (37, 20), generator=g)
+    sampler = MIDXSampler(300, 8, kmeans_iters=5)
+    sampler.refresh(table)
+    want = sampler.log_prob(z, ids)
+    got = sampler.to("cuda").log_prob(z.cuda(), ids.cuda()).cpu()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("scale", [1.0, 30.0])
-def test_reference_cell_normalisers_equal_the_brute_force_log_sum_exp(scale):
+def test_reference_cell_normalisers_equal_the_brute_force_log_sum_exp(scale, device):
     """The reference's ``[B, K] x [K, K]`` product equals the ``[B, K, K]`` log-sum-exp, empty
     rows included, also where the logits spread far beyond fp32's exponent range."""
-    z1, z2, c1, c2, log_counts = inputs(37, 12, 5, 6, seed=3, scale=scale, empty_rows=(1, 7))
+    z1, z2, c1, c2, log_counts = inputs(
+        37, 12, 5, 6, seed=3, scale=scale, empty_rows=(1, 7), device=device
+    )
     got = codeword_logits_reference(z1, z2, c1, c2, log_counts)
     s2 = (z2 @ c2.T).double()
     s2 = s2 - s2[:, torch.isfinite(log_counts).any(0)].amax(1, keepdim=True)  # shifted (live max 0)
