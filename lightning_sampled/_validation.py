@@ -2,6 +2,11 @@
 
 Every check raises ``ValueError`` (``IndexError`` for class ids) whose message names the argument
 and the offending value, so that bad input never turns into a silently wrong number.
+
+The checks of tensor *values* (:func:`check_finite`, :func:`check_class_ids`) read a result back
+from the device in eager mode. Under ``torch.compile`` they are ``torch._assert_async`` calls
+instead: no host sync and no graph break; bad input then raises
+``RuntimeError`` with a message naming the argument, without the offending value.
 """
 
 from __future__ import annotations
@@ -65,8 +70,13 @@ def check_padding_idx(padding_idx: int | None, num_classes: int) -> int | None:
 
 
 def check_finite(name: str, x: Tensor) -> None:
-    """Raises ``ValueError`` if ``x`` holds NaN or infinite entries."""
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+    """Raises ``ValueError`` if ``x`` holds NaN or infinite entries (eager; under
+    ``torch.compile`` ``torch._assert_async``: ``RuntimeError``)."""
+    if not x.is_floating_point():
+        return
+    if torch.compiler.is_compiling():
+        torch._assert_async(torch.isfinite(x).all(), f"{name} contains NaN or inf values")
+    elif not bool(torch.isfinite(x).all()):
         bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
         raise ValueError(f"{name} contains {bad} values (shape {tuple(x.shape)})")
 
@@ -86,17 +96,27 @@ def check_class_ids(
 
     Raises:
         ValueError: if ``ids`` is not an integer tensor.
-        IndexError: if an id is out of range or is the padding class.
+        IndexError: if an id is out of range or is the padding class (eager; under
+            ``torch.compile`` ``torch._assert_async``: ``RuntimeError``).
     """
     if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+    extra = "" if ignore_index is None else f" (or ignore_index={ignore_index})"
+    if torch.compiler.is_compiling():
+        ok = (ids >= 0) & (ids < num_classes)
+        if padding_idx is not None:
+            ok = ok & (ids != padding_idx)
+        if ignore_index is not None:
+            ok = ok | (ids == ignore_index)
+        padding = "" if padding_idx is None else f", other than padding_idx={padding_idx}"
+        torch._assert_async(ok.all(), f"{name} must be in [0, {num_classes}){extra}{padding}")
+        return
     valid = ids if ignore_index is None else ids[ids != ignore_index]
     if valid.numel() == 0:
         return
     lo, hi = int(valid.min()), int(valid.max())
     if lo < 0 or hi >= num_classes:
         bad = lo if lo < 0 else hi
-        extra = "" if ignore_index is None else f" (or ignore_index={ignore_index})"
         raise IndexError(f"{name} must be in [0, {num_classes}){extra}, got {bad}")
     if padding_idx is not None and bool((valid == padding_idx).any()):
         raise IndexError(

@@ -54,6 +54,15 @@ class OutputHead(nn.Module):
     of ``target``), non-negative; the loss is then ``sum(w * loss) / sum(w)`` over the scored
     positions (those whose target is not ``ignore_index``), which must not all have weight 0.
 
+    ``torch.compile``: the training losses of :class:`~lightning_sampled.heads.FullSoftmaxHead`
+    and of :class:`~lightning_sampled.heads.SampledSoftmaxHead` with the uniform, unigram or
+    log-uniform sampler compile without graph breaks (``tests/heads/test_compile.py``; not yet
+    with ``normalize=True``, MIDX, TAPAS or in-batch negatives). There the input checks are
+    ``torch._assert_async`` calls (bad input raises ``RuntimeError`` without a host sync, see
+    :mod:`lightning_sampled._validation`) and ignored positions are weighted 0 instead of
+    dropped, so that no shape depends on the data; eager steps keep the ``ValueError`` /
+    ``IndexError`` checks.
+
     Precision: ``z`` may come in any float dtype, under autocast or not, whatever the dtype of the
     class table. Every product of queries and class vectors runs in :func:`compute_dtype` of
     ``z``: the autocast dtype under autocast; otherwise fp32 for fp16 / bf16 ``z`` (both operands
@@ -192,8 +201,15 @@ class OutputHead(nn.Module):
         if k > self.num_classes:
             raise ValueError(f"k must be <= num_classes={self.num_classes}, got {k}")
 
-    def _valid_rows(self, z: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _valid_rows(
+        self, z: Tensor, target: Tensor, *, static: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Validates ``z`` ``[..., D]`` and ``target`` ``[...]`` and keeps the scored positions.
+
+        With ``static`` under ``torch.compile``, every position is kept instead (``T`` is then
+        ``target.numel()``), so that no shape depends on the data and nothing breaks the graph:
+        ignored positions get a stand-in target (class 0, or 1 when 0 is ``padding_idx``), and
+        the caller must weight them 0 (:meth:`_valid_weights` with ``static``).
 
         Returns:
             ``(queries [T, D], target_valid [T], mask [...])`` where ``mask`` marks the positions
@@ -214,15 +230,25 @@ class OutputHead(nn.Module):
             padding_idx=self.padding_idx,
         )
         mask = target != self.ignore_index
+        if static and torch.compiler.is_compiling():
+            stand_in = int(self.padding_idx == 0)
+            kept = target.long().where(mask, stand_in).reshape(-1)
+            return self.score_queries(z.reshape(-1, self.dim)), kept, mask
         return self.score_queries(z[mask]), target[mask].long(), mask
 
     def _valid_weights(
-        self, sample_weight: Tensor | None, target: Tensor, mask: Tensor
+        self, sample_weight: Tensor | None, target: Tensor, mask: Tensor, *, static: bool = False
     ) -> Tensor | None:
         """Validates ``sample_weight`` ``[...]`` (the shape of ``target``) and keeps the scored
-        positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given."""
+        positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given.
+
+        With ``static`` under ``torch.compile`` (the rows of :meth:`_valid_rows` with ``static``):
+        fp32 ``[target.numel()]`` weights, 0 at the ignored positions, also without
+        ``sample_weight``; their checks are ``torch._assert_async`` calls (``RuntimeError``).
+        """
+        static = static and torch.compiler.is_compiling()
         if sample_weight is None:
-            return None
+            return mask.reshape(-1).float() if static else None
         if not isinstance(sample_weight, Tensor) or sample_weight.shape != target.shape:
             shape = (
                 tuple(sample_weight.shape)
@@ -237,6 +263,14 @@ class OutputHead(nn.Module):
             raise ValueError(f"sample_weight must be real numbers, got dtype {sample_weight.dtype}")
         weights = sample_weight.float()
         check_finite("sample_weight", weights)
+        if static:
+            torch._assert_async((weights >= 0).all(), "sample_weight must be non-negative")
+            weights = (weights * mask).reshape(-1)
+            torch._assert_async(
+                (weights > 0).any() | ~mask.any(),
+                "sample_weight is 0 at all scored positions: the weighted mean is undefined",
+            )
+            return weights
         if bool((weights < 0).any()):
             raise ValueError(
                 f"sample_weight must be non-negative, got {float(weights.min()):g} (shape "
@@ -405,8 +439,8 @@ class OutputHead(nn.Module):
         label_smoothing: float = 0.0,
     ) -> Tensor:
         """The (weighted) mean of :meth:`_exact_losses` over the scored positions; a scalar."""
-        queries, y, mask = self._valid_rows(z, target)
-        weights = self._valid_weights(sample_weight, target, mask)
+        queries, y, mask = self._valid_rows(z, target, static=True)
+        weights = self._valid_weights(sample_weight, target, mask, static=True)
         if y.numel() == 0:
             return z.sum() * 0.0
         return weighted_mean(self._exact_losses(queries, y, label_smoothing), weights)
@@ -553,10 +587,14 @@ def check_label_smoothing(value: float) -> float:
 
 def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
     """``mean(losses)``, or ``sum(weights * losses) / sum(weights)``; ``losses`` and ``weights``
-    are ``[T]``."""
+    are ``[T]``. Under ``torch.compile`` weights that are all 0 (every position ignored, see
+    ``OutputHead._valid_rows`` with ``static``) give 0, as eager heads do, not ``0 / 0``."""
     if weights is None:
         return losses.mean()
-    return (losses * weights).sum() / weights.sum()
+    total = weights.sum()
+    if torch.compiler.is_compiling():
+        total = torch.where(total > 0, total, 1.0)
+    return (losses * weights).sum() / total
 
 
 def checked_sampler(

@@ -104,6 +104,10 @@ class SampledSoftmaxHead(OutputHead):
             trains codewords on the raw class table.
     """
 
+    #: whether the negatives of a position depend only on that position (see
+    #: :meth:`_scores_positions_apart`); ``TapasHead``'s second pass scores the whole batch
+    positions_apart: bool = True
+
     def __init__(
         self,
         num_classes: int,
@@ -273,14 +277,30 @@ class SampledSoftmaxHead(OutputHead):
 
     def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
         """Mean sampled-softmax loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
-        ``sample_weight`` ``[...]`` when given; a scalar."""
-        queries, y, mask = self._valid_rows(z, target)
-        weights = self._valid_weights(sample_weight, target, mask)
+        ``sample_weight`` ``[...]`` when given; a scalar.
+
+        Under ``torch.compile`` the ignored positions are weighted 0 instead of dropped (static
+        shapes, see :meth:`~OutputHead._valid_rows`) where :meth:`_scores_positions_apart`.
+        """
+        static = self._scores_positions_apart()
+        queries, y, mask = self._valid_rows(z, target, static=static)
+        weights = self._valid_weights(sample_weight, target, mask, static=static)
         if y.numel() == 0:
             return z.sum() * 0.0
         logits = self.sampled_logits(queries, y)
         loss = weighted_mean(torch.logsumexp(logits, dim=1) - logits[:, 0], weights)
         return loss + self.sampler.auxiliary_loss(queries, self.weight)
+
+    def _scores_positions_apart(self) -> bool:
+        """Whether no position's loss depends on another's query or target, so that ignored
+        positions may be kept, weighted 0: not with ``in_batch_negatives`` (their targets would
+        join the candidates), a sampler with parameters (its auxiliary loss would see their
+        queries) or a subclass that sets :attr:`positions_apart` to ``False``."""
+        return (
+            self.positions_apart
+            and not self.in_batch_negatives
+            and not any(True for _ in self.sampler.parameters())
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -205,6 +205,7 @@ class TapasHead(SampledSoftmaxHead):
     """
 
     temperature_argument = "logit_temperature"
+    positions_apart = False  # the second pass ranks candidates by the whole batch's queries
 
     def __init__(
         self,

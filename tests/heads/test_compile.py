@@ -1,0 +1,199 @@
+"""``torch.compile`` of the heads' training losses: graph breaks, and compiled equals eager.
+
+``torch._dynamo.explain`` counts the graph breaks of the loss (the forward). It cannot follow
+``loss.backward()``, which dynamo never traces (a break of its own, outside the head); the
+backward graph is the one AOTAutograd derives from each forward graph, so a forward without
+breaks compiles forward and backward as one graph each.
+
+The compiled heads run with ``fallback_random`` so that their draws are eager's. Under compile the
+sampled heads keep the ignored positions (weighted 0, for static shapes) and draw for them too,
+so their draws match eager's only where the ignored positions come last.
+"""
+
+import math
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config
+
+from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead, TapasHead
+from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UnigramSampler
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+N, D = 64, 8
+IGNORE = -100
+
+
+def midx_head():
+    head = SampledSoftmaxHead(N, D, MIDXSampler(N, 4, kmeans_iters=3), num_negatives=7)
+    head.refresh_index()
+    return head
+
+
+#: name -> (head factory, ignored flat positions of the [3, 5] batch, whether weighted)
+HEADS = {
+    "full": (lambda: FullSoftmaxHead(N, D, bias=True, padding_idx=0), (1, 7, 8), True),
+    "full_smoothed": (
+        lambda: FullSoftmaxHead(N, D, label_smoothing=0.1, temperature=0.5),
+        (0, 14),
+        False,
+    ),
+    "full_cosine": (lambda: FullSoftmaxHead(N, D, normalize=True), (4,), True),
+    "uniform": (
+        lambda: SampledSoftmaxHead(N, D, num_negatives=7, bias=True, padding_idx=0),
+        (13, 14),
+        False,
+    ),
+    "uniform_shared": (
+        lambda: SampledSoftmaxHead(
+            N, D, num_negatives=7, shared_negatives=True, convention="corrected_all", padding_idx=0
+        ),
+        (12, 13, 14),
+        True,
+    ),
+    "unigram": (
+        lambda: SampledSoftmaxHead(N, D, UnigramSampler(torch.arange(1.0, N + 1)), num_negatives=7),
+        (14,),
+        False,
+    ),
+    "log_uniform": (
+        lambda: SampledSoftmaxHead(N, D, LogUniformSampler(N), num_negatives=7),
+        (14,),
+        False,
+    ),
+    "tapas": (lambda: TapasHead(N, D, num_negatives=6, presample_factor=3), (2, 6), False),
+    "midx": (midx_head, (), True),
+}
+BREAK_FREE = ["full", "full_smoothed", "uniform", "uniform_shared"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        yield
+    torch._dynamo.reset()
+
+
+def make(name):
+    """A head of :data:`HEADS` (seeded) and its batch: ``z [3, 5, D]``, ``target [3, 5]`` with
+    the head's ignored positions, ``sample_weight [3, 5]`` or ``None``."""
+    factory, ignored, weighted = HEADS[name]
+    torch.manual_seed(0)
+    head = factory()
+    z = torch.randn(3, 5, D)
+    target = torch.randint(1, N, (3, 5))
+    target.view(-1)[list(ignored)] = IGNORE
+    return head, z, target, torch.rand(3, 5) + 0.5 if weighted else None
+
+
+def break_files(name):
+    """The graph-break count of the head's loss and the files the breaks happen in."""
+    head, z, target, weight = make(name)
+    explained = torch._dynamo.explain(head)(z, target, weight)
+    files = {"/".join(b.user_stack[-1].filename.split("/")[-2:]) for b in explained.break_reasons}
+    return explained.graph_break_count, files
+
+
+@pytest.mark.parametrize("name", [*BREAK_FREE, "unigram", "log_uniform"])
+def test_training_loss_compiles_without_graph_breaks(name):
+    assert break_files(name) == (0, set())
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        # the backward of the unit class vectors calls torch.autograd.grad, which dynamo does
+        # not trace: the chunked cross-entropy runs eagerly between two graphs
+        ("full_cosine", {"heads/chunked.py"}),
+        # ignored positions are dropped (the second pass scores the whole batch, so they cannot
+        # stay in, weighted 0), and the first pass draws until K + 1 distinct classes turn up
+        ("tapas", {"heads/base.py", "heads/tapas.py"}),
+        # the sampler's is_built and the chunking of its draw read tensors on the host
+        ("midx", {"samplers/midx.py", "samplers/conditional_draw.py"}),
+    ],
+)
+def test_where_the_other_heads_still_break(name, where):
+    """What is true today of the heads that still break: where they do. None of them breaks in
+    the input checks or the sampled loss."""
+    breaks, files = break_files(name)
+    assert breaks > 0 and files == where
+
+
+def loss_and_grads(head, fn, z, target, weight):
+    """``fn(z, target, weight)`` and the gradients of ``z`` and of the head's parameters."""
+    head.zero_grad()
+    z = z.detach().clone().requires_grad_()
+    torch.manual_seed(1)
+    loss = fn(z, target, weight)
+    loss.backward()
+    grads = [p.grad.clone() for p in head.parameters()]
+    return [loss.detach(), z.grad, *grads]
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [(name, "inductor") for name in BREAK_FREE]
+    + [(name, "aot_eager") for name in ("full_cosine", "tapas", "midx")],
+)
+def test_compiled_loss_and_gradients_equal_eager(name, backend):
+    """Inductor for the heads without graph breaks; the others (TAPAS and MIDX: a dozen graphs
+    each, 15 s apiece with inductor) through AOTAutograd's eager backend: the traced graphs, not
+    the generated code, are what the compiled paths change."""
+    head, z, target, weight = make(name)
+    eager = loss_and_grads(head, head, z, target, weight)
+    compiled = loss_and_grads(head, torch.compile(head, backend=backend), z, target, weight)
+    assert len(eager) == len(compiled) >= 3
+    for want, got in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", BREAK_FREE)
+def test_compiled_loss_and_gradients_equal_eager_on_cuda(name):
+    head, *batch = make(name)
+    head = head.cuda()
+    z, target, weight = (None if t is None else t.cuda() for t in batch)
+    eager = loss_and_grads(head, head, z, target, weight)
+    compiled = loss_and_grads(head, torch.compile(head, fullgraph=True), z, target, weight)
+    for want, got in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["full", "uniform_shared"])
+def test_bad_input_fails_loudly_when_compiled(name):
+    """Under compile the checks are ``torch._assert_async`` (``RuntimeError``), traced here by
+    dynamo and run by AOTAutograd's eager backend."""
+    head, z, target, weight = make(name)
+    compiled = torch.compile(head, backend="aot_eager", fullgraph=True)
+    compiled(z, target, weight)
+    bad_z = z.clone()
+    bad_z[1, 2, 3] = math.nan
+    with pytest.raises(RuntimeError, match="z contains NaN or inf values"):
+        compiled(bad_z, target, weight)
+    for bad in (N, -1, 0):  # out of range, negative, the padding class
+        bad_target = target.clone()
+        bad_target[2, 0] = bad
+        with pytest.raises(RuntimeError, match=r"target must be in \[0, 64\)"):
+            compiled(z, bad_target, weight)
+    ignored_negative = torch.where(target == IGNORE, -1.0, weight)  # as eager: any position
+    for bad_weight in (-weight, ignored_negative):
+        with pytest.raises(RuntimeError, match="sample_weight must be non-negative"):
+            compiled(z, target, bad_weight)
+    with pytest.raises(RuntimeError, match="sample_weight is 0 at all scored positions"):
+        compiled(z, target, weight * (target == IGNORE))
+
+
+@pytest.mark.parametrize("name", ["full", "uniform_shared"])
+def test_every_position_ignored_gives_zero_when_compiled(name):
+    head, z, target, weight = make(name)
+    target = torch.full_like(target, IGNORE)
+    compiled = torch.compile(head, backend="aot_eager", fullgraph=True)
+    z = z.clone().requires_grad_()
+    loss = compiled(z, target, weight)
+    loss.backward()
+    assert loss.item() == 0.0 and head(z, target, weight).item() == 0.0
+    assert torch.equal(z.grad, torch.zeros_like(z))
