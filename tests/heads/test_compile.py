@@ -18,6 +18,7 @@ import torch._dynamo
 import torch._inductor.config
 
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead, TapasHead
+from lightning_sampled.kernels.codeword_logits import triton_interpreted
 from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UnigramSampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -152,6 +153,10 @@ def test_compiled_loss_and_gradients_equal_eager(name, backend):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(
+    triton_interpreted(),
+    reason="the Triton interpreter is on in this process: `make test-gpu` compiles for CUDA",
+)
 @pytest.mark.parametrize("name", BREAK_FREE)
 def test_compiled_loss_and_gradients_equal_eager_on_cuda(name):
     head, *batch = make(name)
