@@ -90,6 +90,8 @@ PAPER_FIGURE1_GAIN = {"a": "3.953", "b": "29.039"}
 ML1M = "recipes/RESULTS.md, MovieLens-1M section"
 #: recipe JSONs on MovieLens-1M: file stem, model, head key override, where their provenance is
 ML1M_RUNS = (
+    ("sasrec_ml-1m_rerun", "SASRec", None, f"{ML1M}, 'current MIDX draw and defaults': f9f125d"),
+    ("gru4rec_ml-1m_rerun", "GRU4Rec", None, f"{ML1M}, 'current MIDX draw and defaults': f9f125d"),
     ("sasrec_ml-1m", "SASRec", None, f"{ML1M}: code at 77fdf9c / c0731a7, TensorFlow convention"),
     ("gru4rec_ml-1m", "GRU4Rec", None, f"{ML1M}: code at 77fdf9c / c0731a7, TensorFlow convention"),
     ("sasrec_ml-1m_20_epochs", "SASRec", None, f"{ML1M}, 'SASRec, 20 epochs' (file of b04b93a)"),
@@ -102,12 +104,7 @@ ML1M_RUNS = (
         "uniform_shared",
         f"{ML1M}, 'TAPAS and One-vs-Each': 16fef5b + work tree",
     ),
-    (
-        "sasrec_ml-1m_cane_3ep",
-        "SASRec",
-        None,
-        "recipes/RESULTS.md, CANE paragraph (file of 701fac1)",
-    ),
+    ("sasrec_ml-1m_cane", "SASRec", None, "recipes/RESULTS.md, CANE on SASRec paragraph: f9f125d"),
 )
 PTB = "recipes/RESULTS.md, 'LSTM on PTB, three epochs'"
 PTB_TABLE4_FILE = "lstm_ptb_table4.json"
