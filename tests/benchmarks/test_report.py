@@ -163,3 +163,23 @@ def tables(text: str) -> list[tuple[str, list[str]]]:
                 body.append(rest)
             found.append((lines[i - 1], body))
     return found
+
+
+def test_convention_rows_are_compared_with_tensorflows_row_of_the_same_model(dirs):
+    for stem, tf, default in (("sasrec", 0.10, 0.12), ("gru4rec", 0.20, 0.15)):
+        rows = [
+            compare_row("uniform", 10, tf, convention="tensorflow"),
+            compare_row("uniform", 10, default, convention="exact_positive"),
+        ]
+        (dirs.recipes / f"{stem}_ml-1m_convention.json").write_text(json.dumps(rows))
+    report.main(
+        [f"--benchmarks={dirs.benchmarks}", f"--recipes={dirs.recipes}"]
+        + [f"--results-md={dirs.results_md}"]
+    )
+    text = section(dirs.out.read_text(), "6.")
+    assert "| 0.12 | 0.5 | — | 1.2x |" in row(text, "SASRec", "uniform", "exact_positive")
+    assert "| 0.15 | 0.5 | — | 0.75x |" in row(text, "GRU4Rec", "uniform", "exact_positive")
+    assert "| 1x |" in row(text, "GRU4Rec", "uniform", "tensorflow")
+    assert "On SASRec the consistent default beats" in text
+    assert "On GRU4Rec the consistent default falls short of" in text
+    assert "Not measured yet: both conventions side by side on PTB" in text
