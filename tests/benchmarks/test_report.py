@@ -177,9 +177,25 @@ def test_convention_rows_are_compared_with_tensorflows_row_of_the_same_model(dir
         + [f"--results-md={dirs.results_md}"]
     )
     text = section(dirs.out.read_text(), "6.")
-    assert "| 0.12 | 0.5 | — | 1.2x |" in row(text, "SASRec", "uniform", "exact_positive")
-    assert "| 0.15 | 0.5 | — | 0.75x |" in row(text, "GRU4Rec", "uniform", "exact_positive")
-    assert "| 1x |" in row(text, "GRU4Rec", "uniform", "tensorflow")
-    assert "On SASRec the consistent default beats" in text
-    assert "On GRU4Rec the consistent default falls short of" in text
-    assert "Not measured yet: both conventions side by side on PTB" in text
+    assert "| 0.12 | — | 1.2x |" in row(text, "SASRec ML-1M", "uniform", "exact_positive")
+    assert "| 0.15 | — | 0.75x |" in row(text, "GRU4Rec ML-1M", "uniform", "exact_positive")
+    assert "| 1x |" in row(text, "GRU4Rec ML-1M", "uniform", "tensorflow")
+    assert "On SASRec ML-1M the consistent default beats" in text
+    assert "On GRU4Rec ML-1M the consistent default falls short of" in text
+    assert "Not measured yet: both conventions side by side on PTB LSTM" in text
+
+
+def test_lower_perplexity_under_the_default_convention_beats_tensorflows(dirs):
+    rows = [
+        {"head": "uniform", "epochs": 3, "test/ppl": 200.0, "convention": "tensorflow"},
+        {"head": "uniform", "epochs": 3, "test/ppl": 150.0, "convention": "exact_positive"},
+    ]
+    (dirs.recipes / "lstm_ptb_convention.json").write_text(json.dumps(rows))
+    report.main(
+        [f"--benchmarks={dirs.benchmarks}", f"--recipes={dirs.recipes}"]
+        + [f"--results-md={dirs.results_md}"]
+    )
+    text = section(dirs.out.read_text(), "6.")
+    assert "| test ppl | 150 | — | 0.75x |" in row(text, "PTB LSTM", "uniform", "exact_positive")
+    assert "On PTB LSTM the consistent default beats" in text
+    assert "side by side on SASRec ML-1M, GRU4Rec ML-1M." in text
