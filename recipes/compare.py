@@ -43,16 +43,23 @@ from .memory import peak_rss_bytes, reset_peak_rss
 from .tables import markdown_table, write_csv
 
 CONFIGS = Path(__file__).parent / "configs"
+#: prefix of the training-epoch metrics that ``EpochRecord`` keeps (``SamplerDiagnostics``')
+DIAGNOSTICS = "sampler_diagnostics/"
+#: per-epoch lists in a row, kept in the JSON and left out of the Markdown and CSV tables
+PER_EPOCH = ("validation", "training")
 
 
 class EpochRecord(L.Callback):
     """Records each training epoch's wall time (its validation included), the validation metrics
-    at the end of each validation run (sanity checks skipped), the training positions, the
-    training wall time without validation, and the seconds spent in ``IndexRefresh``."""
+    at the end of each validation run (sanity checks skipped), each training epoch's
+    ``sampler_diagnostics/*`` metrics (e.g. CANE's candidate coverage, logged by
+    ``SamplerDiagnostics``), the training positions, the training wall time without validation,
+    and the seconds spent in ``IndexRefresh``."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
         self.validation: list[dict[str, float]] = []
+        self.training: list[dict[str, float]] = []
         self.positions = 0
         self.train_seconds = 0.0
         self.validation_seconds = 0.0
@@ -107,6 +114,10 @@ class EpochRecord(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.seconds.append(time.perf_counter() - self._start)
+        metrics = trainer.callback_metrics
+        row = {k: float(v) for k, v in sorted(metrics.items()) if k.startswith(DIAGNOSTICS)}
+        if row:
+            self.training.append({"epoch": trainer.current_epoch, **row})
 
 
 def head_config(head: str) -> Path:
@@ -147,8 +158,9 @@ def run(
     positions``, ``train s`` (training wall time without validation), ``positions/s``,
     ``refresh s`` (index refreshes, part of ``train s``), ``peak RSS MB``, then ``best
     <monitor>`` (checkpoint) or the final validation metrics, the test metrics under their logged
-    names (``test/ndcg@10``, ``test/ppl``, ...) and ``validation``, the list of every validation
-    run's metrics (left out of the Markdown and CSV tables).
+    names (``test/ndcg@10``, ``test/ppl``, ...), ``validation``, the list of every validation
+    run's metrics, and ``training``, each training epoch's ``sampler_diagnostics/*`` metrics
+    (both lists left out of the Markdown and CSV tables).
     """
     budget = max_steps is not None or max_time is not None
     args = [
@@ -204,6 +216,7 @@ def run(
             row[f"best {checkpoint.monitor}"] = float(checkpoint.best_model_score)
     row.update({name: float(value) for name, value in sorted(tested.items())})
     row["validation"] = record.validation
+    row["training"] = record.training
     return row
 
 
@@ -212,7 +225,7 @@ ROUNDED = {"seconds/epoch": 1, "train s": 1, "positions/s": 0, "refresh s": 1, "
 
 def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows without their ``validation`` lists, times and rates rounded, for the tables."""
-    return [{k: _rounded(k, v) for k, v in r.items() if k != "validation"} for r in rows]
+    return [{k: _rounded(k, v) for k, v in r.items() if k not in PER_EPOCH} for r in rows]
 
 
 def _rounded(key: str, value: Any) -> Any:

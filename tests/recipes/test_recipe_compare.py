@@ -32,12 +32,23 @@ def test_compare_writes_one_row_per_head_with_the_ratio_split(tmp_path):
         assert [r["head"] for r in csv.DictReader(f)] == ["full", "uniform"]
     table = out.with_suffix(".md").read_text()
     assert "| full | 1 |" in table and "test/recall@10" in table and "validation" not in table
+    assert all(row["training"] == [] for row in rows)  # no head reports diagnostics
     assert out.with_suffix(".png").stat().st_size > 0
     for row in rows:  # what every run records
         assert row["steps"] == 2 and row["train positions"] > 0 and row["train s"] > 0
         assert row["positions/s"] == pytest.approx(row["train positions"] / row["train s"])
         assert row["refresh s"] == 0 and row["peak RSS MB"] > 50
         assert "up to 1 epochs, best checkpoint" in table
+
+
+def test_cane_rows_record_the_candidate_coverage_of_each_training_epoch(tmp_path):
+    out = tmp_path / "cane"
+    (row,) = compare(CONFIGS / "sasrec_ml-100k.yaml", ["cane"], 2, 0, SLICE, out)
+    assert [t["epoch"] for t in row["training"]] == [0, 1]
+    for epoch in row["training"]:
+        assert 0.0 <= epoch["sampler_diagnostics/head/coverage"] <= 1.0
+    header = out.with_suffix(".md").read_text().splitlines()[2]
+    assert "| training |" not in header and "sampler_diagnostics" not in header
 
 
 def test_step_budget_evaluates_the_final_weights(tmp_path):
