@@ -506,7 +506,7 @@ class CaneHead(OutputHead):
         )
         self.last_coverage = covered.float().mean()
         loss = weighted_mean(losses, weights)
-        if any(True for _ in self.noise_sampler.parameters()):  # a sampler that learns
+        if self.noise_sampler.learns:
             loss = loss + self.noise_sampler.auxiliary_loss(queries, self.class_table())
         return loss
 

@@ -148,7 +148,7 @@ class SampledSoftmaxHead(OutputHead):
                 f"shared_negatives=True needs a query-independent sampler, "
                 f"got {type(sampler).__name__}"
             )
-        if normalize and any(True for _ in sampler.parameters()):
+        if normalize and sampler.learns:
             raise ValueError(
                 f"normalize=True cannot train {type(sampler).__name__}'s parameters: its "
                 f"auxiliary loss reads the raw class table, not the unit rows the head scores; "
@@ -296,11 +296,7 @@ class SampledSoftmaxHead(OutputHead):
         positions may be kept, weighted 0: not with ``in_batch_negatives`` (their targets would
         join the candidates), a sampler with parameters (its auxiliary loss would see their
         queries) or a subclass that sets :attr:`positions_apart` to ``False``."""
-        return (
-            self.positions_apart
-            and not self.in_batch_negatives
-            and not any(True for _ in self.sampler.parameters())
-        )
+        return self.positions_apart and not self.in_batch_negatives and not self.sampler.learns
 
     def extra_repr(self) -> str:
         return (

@@ -61,6 +61,11 @@ class Sampler(nn.Module):
         """The number of classes with non-zero probability in the static support."""
         return self.num_classes - (self.padding_idx is not None)
 
+    @property
+    def learns(self) -> bool:
+        """Whether the sampler has parameters of its own, trained by :meth:`auxiliary_loss`."""
+        return any(True for _ in self.parameters())
+
     def sample(
         self,
         z: Tensor,
