@@ -194,7 +194,8 @@ def alias_table(probs: Tensor) -> tuple[Tensor, Tensor]:
         ``(threshold float64 [N], alias long [N])``.
     """
     n = probs.numel()
-    scaled = probs.double() * (n / probs.double().sum())
+    probs = probs.double()
+    scaled = probs * (n / probs.sum())
     light = scaled < 1.0
     if bool(light.all()):  # every class within rounding of 1 / N: each keeps its own cell
         return torch.ones_like(scaled), torch.arange(n, device=probs.device)
@@ -202,12 +203,13 @@ def alias_table(probs: Tensor) -> tuple[Tensor, Tensor]:
     threshold = scaled.clamp(max=1.0)
     alias = torch.arange(n, device=probs.device)
     lack = 1.0 - scaled[lights]
-    lack_before = torch.cumsum(lack, 0) - lack
+    lack_through = torch.cumsum(lack, 0)
+    lack_before = lack_through - lack
     spare = torch.cumsum(scaled[heavies] - 1.0, 0)
     server = torch.searchsorted(spare, lack_before, right=True).clamp_(max=heavies.numel() - 1)
     alias[lights] = heavies[server]
     served = torch.searchsorted(lack_before, spare)  # lights served by heavies 1..j
-    lack_served = torch.cat([lack.new_zeros(1), torch.cumsum(lack, 0)])[served]
+    lack_served = torch.cat([lack.new_zeros(1), lack_through])[served]
     threshold[heavies] = (1.0 + spare - lack_served).clamp_(0.0, 1.0)
     threshold[heavies[-1]] = 1.0
     alias[heavies[:-1]] = heavies[1:]
