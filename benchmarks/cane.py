@@ -22,12 +22,11 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from benchmarks.common import RESULTS_DIR, write_results
+from benchmarks.common import RESULTS_DIR, load_average, write_results
 from lightning_sampled.heads.cane import CaneHead
 
 DIM = 64
@@ -36,11 +35,6 @@ CLASSES_PER_CENTRE = 100
 
 def log(message: str) -> None:
     print(f"[cane {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def load_average() -> str:
-    """The 1, 5 and 15 minute load averages of the machine."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def clustered_table(num_classes: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:

@@ -7,6 +7,7 @@ commit), ``results/<name>.md`` (a Markdown table) and, where a picture helps,
 
 from __future__ import annotations
 
+import argparse
 import csv
 import ctypes
 import os
@@ -60,6 +61,13 @@ def load_average() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "unknown"
+
+
+def add_background_argument(parser: argparse.ArgumentParser) -> None:
+    """``--background TEXT``: what else ran on the machine, for :func:`load_header`."""
+    parser.add_argument(
+        "--background", default="", help="what else ran on the machine, for the results' header"
+    )
 
 
 def load_header(load_start: str, load_end: str, background: str = "") -> str:

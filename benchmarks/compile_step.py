@@ -39,7 +39,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from benchmarks.common import load_average, load_header, write_results
+from benchmarks.common import add_background_argument, load_average, load_header, write_results
 from benchmarks.head_step import (
     SPARSE_CAPABLE_HEADS,
     Problem,
@@ -192,9 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         metavar="HEAD@N",
         help="run these heads at these sizes eagerly only (e.g. full_softmax_head@100000)",
     )
-    parser.add_argument(
-        "--background", default="", help="what else ran on the machine, for the results' header"
-    )
+    add_background_argument(parser)
     parser.add_argument("--name", default="compile_step")
     args = parser.parse_args(argv)
     set_threads(args.threads)

@@ -76,6 +76,7 @@ from torch import Tensor, nn
 
 from benchmarks.common import (
     RESULTS_DIR,
+    add_background_argument,
     load_average,
     load_header,
     peak_extra_bytes,
@@ -722,9 +723,7 @@ def main(argv: list[str] | None = None) -> None:
         help="skip a method at a size where its step, linear in N from the previous size, "
         "would take longer (plain cross-entropy, the reference, is always run)",
     )
-    parser.add_argument(
-        "--background", default="", help="what else ran on the machine, for the results' header"
-    )
+    add_background_argument(parser)
     parser.add_argument(
         "--methods",
         nargs="+",

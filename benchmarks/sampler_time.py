@@ -47,6 +47,7 @@ import torch
 
 from benchmarks.common import (
     RESULTS_DIR,
+    add_background_argument,
     load_average,
     load_header,
     median_time,
@@ -468,9 +469,7 @@ def main() -> None:
         default=[32, 64, 128, 256],
         help="K of the sequence-shape head and draw measurements (none: skip them)",
     )
-    parser.add_argument(
-        "--background", default="", help="what else ran on the machine, for the results' header"
-    )
+    add_background_argument(parser)
     args = parser.parse_args()
     load_start = load_average()
     args.step_classes = int(args.step_classes)
