@@ -146,31 +146,41 @@ class SequentialRecommender(SampledModule):
     :mod:`lightning_sampled.metrics.beyond_accuracy`).
 
     Args:
-        top_k: the ``k`` of the metrics.
+        top_k: the ``k`` of the metrics, or several (``[10, 50]``): every metric is logged at
+            each, as ``<stage>/<name>@<k>``; the items are ranked once, to the largest.
         **kwargs: of :class:`SampledModule`.
     """
 
     padding_idx = 0
 
-    def __init__(self, *args: Any, top_k: int = 10, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, top_k: int | list[int] = 10, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.top_k = top_k
+        cutoffs = list(top_k) if isinstance(top_k, (list, tuple)) else [top_k]
+        if not cutoffs or any(isinstance(k, bool) or not isinstance(k, int) for k in cutoffs):
+            raise ValueError(f"top_k must be an int or a non-empty list of ints, got {top_k!r}")
+        if min(cutoffs) < 1 or max(cutoffs) > self.num_classes:
+            raise ValueError(f"every top_k must be in [1, {self.num_classes}], got {top_k!r}")
+        #: the cutoffs, ascending and distinct; the first one's metrics show in the progress bar
+        self.cutoffs = sorted(set(cutoffs))
+        self.top_k = self.cutoffs[-1]
         self.metrics = nn.ModuleDict(
             {
                 f"{stage}_{name}": metric
                 for stage in ("val", "test")
-                for name, metric in self.evaluation_metrics().items()
+                for k in self.cutoffs
+                for name, metric in self.evaluation_metrics(k).items()
             }
         )
 
-    def evaluation_metrics(self) -> dict[str, Metric]:
-        """One stage's metrics at ``top_k`` by short name: ``ndcg``, ``recall``, ``item_coverage``,
-        ``gini_index`` and ``average_popularity`` (with ``class_counts`` only)."""
-        k, n = self.top_k, self.num_classes
+    def evaluation_metrics(self, k: int) -> dict[str, Metric]:
+        """One stage's metrics at cutoff ``k`` by logged name: ``ndcg@k``, ``recall@k``,
+        ``item_coverage@k``, ``gini_index@k`` and ``average_popularity@k`` (with
+        ``class_counts`` only)."""
+        n = self.num_classes
         metrics = [NDCG(k), Recall(k), ItemCoverage(k, num_classes=n), GiniIndex(k, num_classes=n)]
         if self.class_counts is not None:
             metrics.append(AveragePopularity(k, class_counts=self.class_counts))
-        return {metric.short_name: metric for metric in metrics}
+        return {f"{metric.short_name}@{k}": metric for metric in metrics}
 
     def eval_queries(self, batch: dict[str, Tensor]) -> Tensor:
         """The state at the last history position, ``[B, D]``."""
@@ -184,7 +194,8 @@ class SequentialRecommender(SampledModule):
             if metric_stage == stage:
                 metric.update(top, batch["target"])
                 show = stage == "val" and isinstance(metric, RankingMetric)
-                self.log(f"{stage}/{name}@{self.top_k}", metric, prog_bar=show)
+                show &= metric.k == self.cutoffs[0]
+                self.log(f"{stage}/{name}", metric, prog_bar=show)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")

@@ -38,7 +38,8 @@ def recbole_values(lists: np.ndarray, phi: list[int]) -> dict[str, float]:
     }
 
 
-def test_sasrec_logs_beyond_accuracy_metrics_at_validation_and_test(tmp_path: Path) -> None:
+def tiny_sasrec(tmp_path: Path, *extra: str):
+    """The SASRec recipe with the uniform head on 30 MovieLens-100k users, fitted one epoch."""
     cli = main(
         [
             f"--config={CONFIGS / 'sasrec_ml-100k.yaml'}",
@@ -52,10 +53,16 @@ def test_sasrec_logs_beyond_accuracy_metrics_at_validation_and_test(tmp_path: Pa
             "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false",
             f"--trainer.default_root_dir={tmp_path}",
+            *extra,
         ],
         run=False,
     )
     cli.trainer.fit(cli.model, cli.datamodule)
+    return cli
+
+
+def test_sasrec_logs_beyond_accuracy_metrics_at_validation_and_test(tmp_path: Path) -> None:
+    cli = tiny_sasrec(tmp_path)
     val = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
     assert set(val) == {f"val/{name}@10" for name in NAMES}
     cli.trainer.test(cli.model, cli.datamodule, verbose=False)
@@ -74,7 +81,33 @@ def test_sasrec_logs_beyond_accuracy_metrics_at_validation_and_test(tmp_path: Pa
 def test_average_popularity_needs_class_counts() -> None:
     model = SASRec(num_classes=12, dim=8, num_blocks=1, max_len=5, top_k=3)
     assert sorted(model.metrics) == sorted(
-        f"{stage}_{name}" for stage in ("val", "test") for name in NAMES[:4]
+        f"{stage}_{name}@3" for stage in ("val", "test") for name in NAMES[:4]
     )
     model = SASRec(num_classes=12, dim=8, num_blocks=1, max_len=5, top_k=3, class_counts=[1] * 12)
-    assert "val_average_popularity" in model.metrics
+    assert "val_average_popularity@3" in model.metrics
+
+
+def test_several_cutoffs_are_each_the_metrics_of_their_own_top_k(tmp_path: Path) -> None:
+    cli = tiny_sasrec(tmp_path, "--model.init_args.top_k=[500,50]")  # 1,682 items: some hits
+    assert cli.model.cutoffs == [50, 500] and cli.model.top_k == 500
+    cli.trainer.test(cli.model, cli.datamodule, verbose=False)
+    test = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("test/")}
+    assert set(test) == {f"test/{name}@{k}" for name in NAMES for k in (50, 500)}
+    loader = cli.datamodule.test_dataloader()
+    targets = torch.cat([batch["target"] for batch in loader]).numpy()
+    for k in (50, 500):
+        lists = top_k_lists(cli.model, loader, k)
+        hit_rank = [list(row).index(t) if t in row else None for row, t in zip(lists, targets)]
+        recall = np.mean([rank is not None for rank in hit_rank])
+        ndcg = np.mean([0.0 if rank is None else 1 / np.log2(rank + 2) for rank in hit_rank])
+        assert test[f"test/recall@{k}"] == pytest.approx(recall, rel=1e-6)
+        assert test[f"test/ndcg@{k}"] == pytest.approx(ndcg, rel=1e-6)
+        for name, value in recbole_values(lists, cli.datamodule.class_counts).items():
+            assert test[f"test/{name}@{k}"] == pytest.approx(value, rel=1e-5), (name, k)
+    assert 0 < test["test/recall@50"] < test["test/recall@500"] < 1
+
+
+@pytest.mark.parametrize("top_k", [[], [0, 10], [10, 5000], 2.5])
+def test_bad_cutoffs_are_refused(top_k) -> None:
+    with pytest.raises(ValueError, match="top_k"):
+        SASRec(num_classes=12, dim=8, num_blocks=1, max_len=5, top_k=top_k)
