@@ -104,7 +104,7 @@ def test_missing_inputs_give_a_not_measured_line_in_every_section(dirs):
 
 def test_papers_numbers_stand_beside_ours(dirs):
     rows = [{"head": h, "epochs": 20, "test/ppl": p} for h, p in (("full", 100), ("midx_rq", 110))]
-    (dirs.recipes / "lstm_ptb_table4.json").write_text(json.dumps(rows))
+    (dirs.recipes / "lstm_ptb_table4_static.json").write_text(json.dumps(rows))
     (dirs.recipes / "gru4rec_ml-1m.json").write_text(
         json.dumps([compare_row("full", 10, 0.2), compare_row("midx_rq", 10, 0.19)])
     )
@@ -120,7 +120,9 @@ def test_papers_numbers_stand_beside_ours(dirs):
     three_epochs = row(ptb, "PTB LSTM", "uniform", "3")
     assert "| 1300 | 250 | 180 | 180 | 1.2x | 159.9701 | 1.46x |" in three_epochs
     ml = section(report.build_report(dirs), "4.")
-    assert "| 0.19 | 0.95x | 0.1337 | 0.985x |" in row(ml, "GRU4Rec", "MIDX-rq", "10")
+    assert "| 0.19 | 0.95x | 0.1337 | 0.985x | 0.1877 | 0.4817 |" in row(
+        ml, "GRU4Rec", "MIDX-rq", "10"
+    )
 
 
 def test_every_row_names_its_provenance(dirs):
@@ -199,3 +201,107 @@ def test_lower_perplexity_under_the_default_convention_beats_tensorflows(dirs):
     assert "| test ppl | 150 | — | 0.75x |" in row(text, "PTB LSTM", "uniform", "exact_positive")
     assert "On PTB LSTM the consistent default beats" in text
     assert "side by side on SASRec ML-1M, GRU4Rec ML-1M." in text
+
+
+def ppl_row(head: str, ppl: float, **extra) -> dict:
+    return {"head": head, "epochs": 3, "test/ppl": ppl, "best val/ppl": ppl + 10, **extra}
+
+
+def test_table4_compares_each_convention_with_the_one_full_softmax_row(dirs):
+    (dirs.recipes / "lstm_ptb_table4_full.json").write_text(json.dumps([ppl_row("full", 100)]))
+    (dirs.recipes / "lstm_ptb_table4_static.json").write_text(
+        json.dumps([ppl_row("uniform", 400), ppl_row("unigram", 300)])
+    )
+    (dirs.recipes / "lstm_ptb_table4_tensorflow_static.json").write_text(
+        json.dumps([ppl_row("uniform", 150)])
+    )
+    ptb = section(report.build_report(dirs), "3.")
+    assert "| 400 | 4x | 159.9701 |" in row(ptb, "PTB LSTM", "uniform", "3")
+    assert "| 300 | 3x | 139.7837 |" in row(ptb, "PTB LSTM", "unigram", "3")
+    tensorflow = "PTB LSTM, TensorFlow's convention"
+    assert "| 150 | 1.5x |" in row(ptb, tensorflow, "uniform", "3")
+    assert "| 100 | 1x |" in row(ptb, tensorflow, "full softmax", "3")
+    assert "uniform 400 against 150" in ptb
+    assert "Not measured yet: MIDX-rq's test perplexity against the codebook size K" in ptb
+
+
+def test_sweeps_take_the_table4_row_as_their_default_point(dirs):
+    (dirs.recipes / "lstm_ptb_table4_tensorflow_midx.json").write_text(
+        json.dumps([ppl_row("midx_pq", 130), ppl_row("midx_rq", 120)])
+    )
+    for k, ppl in ((8, 140), (128, 110)):
+        (dirs.recipes / f"lstm_ptb_codebook_{k}.json").write_text(
+            json.dumps([ppl_row("midx_rq", ppl)])
+        )
+    ptb = section(report.build_report(dirs), "3.")
+    points = [ptb.index(row(ptb, k, "3")) for k in ("8", "32", "128")]
+    assert points == sorted(points)
+    assert "| 32 | 3 | 120 | 130 |" in ptb
+    assert "goes from 140 at codebook size K = 8 to 110 at 128" in ptb
+    assert "Not measured yet: MIDX-rq's test perplexity against the negatives M" in ptb
+
+
+def test_movielens_shows_the_cutoff_50_where_a_run_logged_it(dirs):
+    rows = [
+        compare_row("full", 10, 0.2, **{"test/ndcg@50": 0.3, "test/recall@50": 0.6}),
+        compare_row("uniform", 10, 0.1),
+    ]
+    (dirs.recipes / "gru4rec_ml-1m_table7.json").write_text(json.dumps(rows))
+    ml = section(report.build_report(dirs), "4.")
+    assert "| 0.5 | 0.3 | 0.6 |" in row(ml, "GRU4Rec", "full softmax", "10")
+    assert "| 0.5 | — | — |" in row(ml, "GRU4Rec", "uniform", "10")
+    assert "Not measured yet: NDCG@50" not in ml
+
+
+def test_ddp_section_quotes_both_throughput_ratios_and_the_worst_difference(dirs):
+    base = {"steps": 10, "positions": 1000, "train s": 1, "test/ndcg@10": 0.1}
+    write_csv(
+        dirs.benchmarks / "ddp_scaling.csv",
+        [
+            {
+                "processes": 1,
+                "threads / process": 1,
+                **base,
+                "positions/s": 100,
+                "vs 1 process x 1 thread": 1,
+            },
+            {
+                "processes": 1,
+                "threads / process": 2,
+                **base,
+                "positions/s": 120,
+                "vs 1 process x 1 thread": 1.2,
+            },
+            {
+                "processes": 2,
+                "threads / process": 1,
+                **base,
+                "positions/s": 180,
+                "vs 1 process x 1 thread": 1.8,
+            },
+        ],
+    )
+    write_csv(
+        dirs.benchmarks / "ddp_scaling_equality.csv",
+        [
+            {"weights": "w", "metric": "val/ndcg@10", "relative difference": 0.0},
+            {"weights": "w", "metric": "test/recall@10", "relative difference": 2e-7},
+        ],
+    )
+    ddp = section(report.build_report(dirs), "7.")
+    assert "Two processes train 1.8x the positions per second" in ddp
+    assert "and 1.5x those of one process on both cores" in ddp
+    assert "is 2e-07 (test/recall@10)" in ddp
+    assert "Not measured yet" not in ddp
+
+
+def test_proposal_kl_is_listed_per_epoch_beside_its_plot(dirs):
+    training = [{"epoch": e, "sampler_diagnostics/head/kl": kl} for e, kl in ((0, 2.5), (1, 1.5))]
+    (dirs.recipes / "lstm_ptb_table4_midx_rq.json").write_text(
+        json.dumps([ppl_row("midx_rq", 120, training=training)])
+    )
+    (dirs.recipes / "lstm_ptb_table4_midx_rq_proposal.png").write_bytes(b"png")
+    text = section(report.build_report(dirs), "8.")
+    assert "| 1 | 2.5 |" in text and "| 2 | 1.5 |" in text
+    assert "lstm_ptb_table4_midx_rq_proposal.png" in text
+    assert "proposal-distribution plot" not in text
