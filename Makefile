@@ -46,6 +46,7 @@ bench-full: setup
 	$(PY) -m benchmarks.adaptive_softmax_trained
 	$(PY) -m benchmarks.lazy_adam_update
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.train_step
+	$(PY) -m benchmarks.ddp_scaling
 	$(MAKE) report
 
 # Assembles benchmarks/results/REPORT.md from the result files (seconds; measures nothing).
