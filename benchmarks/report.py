@@ -106,6 +106,12 @@ ML1M_RUNS = (
     ),
     ("sasrec_ml-1m_cane", "SASRec", None, "recipes/RESULTS.md, CANE on SASRec paragraph: f9f125d"),
     ("gru4rec_ml-1m_table7", "GRU4Rec", None, f"{ML1M}, 'GRU4Rec, the paper's Table 7 heads'"),
+    (
+        "gru4rec_ml-1m_table7_midx",
+        "GRU4Rec",
+        None,
+        f"{ML1M}, 'GRU4Rec, the paper's Table 7 heads'",
+    ),
 )
 PTB = "recipes/RESULTS.md, 'LSTM on PTB, three epochs'"
 #: recipe JSONs in the Table 4 setting (20 negatives, K = 32): file stem, the sampled-softmax
@@ -118,9 +124,18 @@ PTB_TABLE4_RUNS = (
     ("lstm_ptb_table4_cane", "exact_positive"),
     ("lstm_ptb_table4_tensorflow_static", "tensorflow"),
     ("lstm_ptb_table4_tensorflow_midx", "tensorflow"),
+    ("lstm_ptb_table4_corrected_all", "corrected_all"),
 )
+#: the task name of a Table 4 row under each convention
+PTB_CONVENTION_TASKS = {
+    "exact_positive": "PTB LSTM",
+    "corrected_all": "PTB LSTM, every logit corrected",
+    "tensorflow": "PTB LSTM, TensorFlow's convention",
+}
 #: the MIDX-rq head's Table 4 row under this convention is the sweeps' K = 32, M = 20 point
 PTB_SWEEP_CONVENTION = "tensorflow"
+#: the conventions of the headline's PTB column, side by side
+HEADLINE_PTB = ("exact_positive", "tensorflow")
 #: the Table 4 run whose SamplerDiagnostics give the proposal-distribution plot
 PROPOSAL_RUN = "lstm_ptb_table4_midx_rq"
 #: the sweeps of the paper's Figures 3 and 7: file stem prefix, the swept setting, its Table 4
@@ -666,10 +681,6 @@ PTB_COMMAND = "python -m recipes.compare --config recipes/configs/lstm_ptb.yaml"
 NEGATIVES_20 = "--model.init_args.head.init_args.num_negatives=20"
 
 
-def table4_task(convention: str) -> str:
-    return "PTB LSTM" if convention == "exact_positive" else "PTB LSTM, TensorFlow's convention"
-
-
 def table4_rows(recipes: Path) -> list[Quality]:
     """Test perplexity of the Table 4 runs (:data:`PTB_TABLE4_RUNS`), one task per convention;
     the full softmax's row stands in every task that has sampled rows."""
@@ -677,7 +688,7 @@ def table4_rows(recipes: Path) -> list[Quality]:
     for stem, convention in PTB_TABLE4_RUNS:
         for r in read_json(recipes / f"{stem}.json") or []:
             row = Quality(
-                table4_task(convention),
+                PTB_CONVENTION_TASKS[convention],
                 r["head"],
                 int(r["epochs"]),
                 "test ppl",
@@ -689,32 +700,38 @@ def table4_rows(recipes: Path) -> list[Quality]:
                 f"recipes/results/{stem}.json; seed 0",
             )
             (full if r["head"] == "full" else rows).append(row)
-    tasks = list(dict.fromkeys(r.task for r in rows)) or [table4_task("exact_positive")]
+    tasks = list(dict.fromkeys(r.task for r in rows)) or [PTB_CONVENTION_TASKS["exact_positive"]]
     return [replace(f, task=task) for task in tasks for f in full] + rows
 
 
 def table4_paragraph(rows: Sequence[Quality]) -> str:
-    """Where the default convention and TensorFlow's part, in the numbers of the table."""
-    by = {(r.task, r.head): r.value for r in rows}
-    default, tensorflow = table4_task("exact_positive"), table4_task("tensorflow")
-    pairs = [
-        f"{head_label(h)} {fmt(by[default, h])} against {fmt(by[tensorflow, h])}"
-        for h in ("uniform", "unigram", "midx_pq", "midx_rq")
-        if (default, h) in by and (tensorflow, h) in by
-    ]
-    if not pairs:
+    """The paper's four proposals ordered by test perplexity under each convention measured,
+    beside the paper's order, and why the conventions part."""
+    heads = ("uniform", "unigram", "midx_pq", "midx_rq")
+    orders = []
+    for name, task in PTB_CONVENTION_TASKS.items():
+        found = sorted((r.value, r.head) for r in rows if r.task == task and r.head in heads)
+        if len(found) > 1:
+            order = " < ".join(f"{head_label(h)} {fmt(v)}" for v, h in found)
+            orders.append(f"`{name}`: {order}")
+    if not orders:
         return ""
+    paper = sorted(heads, key=lambda h: float(PAPER_TABLE4[h]))
     return (
-        "Under the default convention (the paper's Eq. 1: the positive uncorrected, accidental "
-        "hits removed) against TensorFlow's, test perplexity: "
-        + "; ".join(pairs)
-        + ". Why: PTB's targets are Zipfian. Under the default a frequent word is pushed up as a "
-        "positive at nearly every step and pushed down, with weight 1 / (M q), only on the steps "
-        "that draw it, so with 20 draws of 10,000 classes its logit is very noisy and runs away "
-        "(section 6 shows the same for the uniform head at 100 negatives); TensorFlow's "
-        "convention corrects the positive like the negatives, which damps exactly those words, "
-        "at the price of a bias when a target is likely. An adaptive proposal draws the frequent "
-        "words it confuses with the target, so it suffers least from the default."
+        "The proposals ordered by test perplexity under each convention (`exact_positive`, the "
+        "default and the paper's Eq. 1: the positive uncorrected, accidental hits removed; "
+        "`corrected_all`: every logit corrected by log(M q), hits kept; `tensorflow`: every "
+        "logit corrected and hits removed, biased when a target is likely): "
+        + "; ".join(orders)
+        + "; the paper's: "
+        + " < ".join(head_label(h) for h in paper)
+        + ". Why: PTB's targets are Zipfian. When the positive is not corrected, a frequent word "
+        "is pushed up as a positive at nearly every step and pushed down, with weight "
+        "1 / (M q), only on the steps that draw it: unbiased, but with 20 draws of 10,000 "
+        "classes so noisy that its logit runs away unless the proposal draws frequent words "
+        "often (section 6 shows it for the uniform head at 100 negatives). Correcting the "
+        "positive like the negatives damps exactly those words, and then the proposal's "
+        "closeness to the softmax orders the heads."
     )
 
 
@@ -791,7 +808,8 @@ def section_ptb(inputs: Inputs) -> list[str]:
     runs = [stem for stem, _ in PTB_TABLE4_RUNS]
     command = (
         f"{PTB_COMMAND} --heads <heads> --epochs 3 --seed 0 --out recipes/results/<file> -- "
-        f"{NEGATIVES_20} [--model.init_args.head.init_args.convention=tensorflow]"
+        f"{NEGATIVES_20} --model.init_args.head.init_args.convention="
+        "<exact_positive|corrected_all|tensorflow>"
     )
     if table4:
         epochs = sorted({r.epochs for r in table4})
@@ -1253,7 +1271,7 @@ def section_headline(inputs: Inputs) -> list[str]:
     sparse), and quality relative to full softmax where a recipe measured it."""
     lines = ["## Headline", ""]
     rows = step_rows(inputs.benchmarks / "head_step.csv") or []
-    quality = movielens_rows(inputs.recipes) + ptb_rows(inputs)
+    quality = movielens_rows(inputs.recipes) + table4_rows(inputs.recipes)
     if not rows and not quality:
         return lines + not_measured("any head", "make bench")
     methods = [base_method(r["method"]) for r in rows if r["method"] != REFERENCE]
@@ -1265,13 +1283,17 @@ def section_headline(inputs: Inputs) -> list[str]:
         picked = headline_step(rows, method)
         keys = [prov.row(r) for r in picked]
         cells = []
-        for task in ("SASRec", "GRU4Rec", "PTB LSTM"):
-            found = best_relative(quality, task, STEP_TO_HEAD.get(method, method))
-            if found is None:
-                cells.append("")
-            else:
-                keys.append(prov.mark(found[1].source))
-                cells.append(f"{found[0]:.3f} ({found[1].epochs} ep)")
+        for tasks in (["SASRec"], ["GRU4Rec"], [PTB_CONVENTION_TASKS[c] for c in HEADLINE_PTB]):
+            found = [
+                best_relative(quality, task, STEP_TO_HEAD.get(method, method)) for task in tasks
+            ]
+            for _, row in filter(None, found):
+                keys.append(prov.mark(row.source))
+            cells.append(
+                " / ".join(f"{f[0]:.3f} ({f[1].epochs} ep)" if f else "—" for f in found)
+                if any(found)
+                else ""
+            )
         if not keys:
             continue
         table.append(
@@ -1286,7 +1308,11 @@ def section_headline(inputs: Inputs) -> list[str]:
         )
     columns = ["method", "N", "time vs plain CE (dense / sparse)", "memory vs plain CE"]
     columns += ["SASRec ML-1M NDCG@10 vs full", "GRU4Rec ML-1M NDCG@10 vs full"]
-    columns += ["PTB val ppl vs full (lower better)", "provenance"]
+    columns += [
+        "PTB test ppl vs full, Table 4 setting (lower better): "
+        + " / ".join(f"`{c}`" for c in HEADLINE_PTB),
+        "provenance",
+    ]
     lines += [
         "One training step (section 1) at the largest N where plain cross-entropy ran beside the "
         "head, as ratios to plain `F.cross_entropy(z @ W.T)` in the same run (time / memory; "
