@@ -112,6 +112,8 @@ ML1M_RUNS = (
         None,
         f"{ML1M}, 'GRU4Rec, the paper's Table 7 heads'",
     ),
+    ("sasrec_ml-1m_table7_unigram", "SASRec", None, f"{ML1M}, 'SASRec, unigram and MIDX-pq'"),
+    ("sasrec_ml-1m_table7_midx_pq", "SASRec", None, f"{ML1M}, 'SASRec, unigram and MIDX-pq'"),
 )
 PTB = "recipes/RESULTS.md, 'LSTM on PTB, three epochs'"
 #: recipe JSONs in the Table 4 setting (20 negatives, K = 32): file stem, the sampled-softmax
@@ -135,7 +137,7 @@ PTB_CONVENTION_TASKS = {
 #: the MIDX-rq head's Table 4 row under this convention is the sweeps' K = 32, M = 20 point
 PTB_SWEEP_CONVENTION = "tensorflow"
 #: the conventions of the headline's PTB column, side by side
-HEADLINE_PTB = ("exact_positive", "tensorflow")
+HEADLINE_PTB = ("exact_positive", "corrected_all", "tensorflow")
 #: the Table 4 run whose SamplerDiagnostics give the proposal-distribution plot
 PROPOSAL_RUN = "lstm_ptb_table4_midx_rq"
 #: the sweeps of the paper's Figures 3 and 7: file stem prefix, the swept setting, its Table 4
@@ -891,7 +893,8 @@ def section_movielens(inputs: Inputs) -> list[str]:
         return divide(number(table[r.head][0]), number(table["full"][0]))
 
     lines += [
-        "Test NDCG@10 / Recall@10 ranking all 3,706 items, seen items excluded, leave-one-out, "
+        "Test NDCG / Recall at 10 (and at 50 where the run logged it) ranking all 3,706 items, "
+        "seen items excluded, leave-one-out, "
         "the best-validation checkpoint; 100 negatives per query unless the head says otherwise. "
         "Command: `python -m recipes.compare --config recipes/configs/<sasrec|gru4rec>_ml-1m.yaml "
         "--heads <heads> --epochs <epochs> --seed 0 --threads 1 --out recipes/results/<file>`. "
@@ -1266,6 +1269,19 @@ def headline_step(rows: list[dict[str, Any]], method: str) -> list[dict[str, Any
     ]
 
 
+def headline_cell(found: Sequence[tuple[float, Quality] | None]) -> str:
+    """Ratios to full softmax joined by `` / `` (``—`` where missing), each with its epochs, or
+    the epochs once when they agree; ``""`` when nothing was found."""
+    present = [f for f in found if f]
+    if not present:
+        return ""
+    epochs = {f[1].epochs for f in present}
+    if len(epochs) == 1:
+        values = " / ".join(f"{f[0]:.3f}" if f else "—" for f in found)
+        return f"{values} ({epochs.pop()} ep)"
+    return " / ".join(f"{f[0]:.3f} ({f[1].epochs} ep)" if f else "—" for f in found)
+
+
 def section_headline(inputs: Inputs) -> list[str]:
     """Per head, at the largest N measured against plain CE: time and memory ratios (dense /
     sparse), and quality relative to full softmax where a recipe measured it."""
@@ -1289,11 +1305,7 @@ def section_headline(inputs: Inputs) -> list[str]:
             ]
             for _, row in filter(None, found):
                 keys.append(prov.mark(row.source))
-            cells.append(
-                " / ".join(f"{f[0]:.3f} ({f[1].epochs} ep)" if f else "—" for f in found)
-                if any(found)
-                else ""
-            )
+            cells.append(headline_cell(found))
         if not keys:
             continue
         table.append(

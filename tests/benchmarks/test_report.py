@@ -224,6 +224,8 @@ def test_table4_compares_each_convention_with_the_one_full_softmax_row(dirs):
     assert "`exact_positive`: unigram 300 < uniform 400; the paper's: MIDX-rq < MIDX-pq" in ptb
     assert "`tensorflow`: uniform" not in ptb  # one proposal alone has no order
     assert "Not measured yet: MIDX-rq's test perplexity against the codebook size K" in ptb
+    headline = row(section(report.build_report(dirs), "Headline"), "uniform")
+    assert "| 4.000 / — / 1.500 (3 ep) |" in headline  # exact_positive / corrected_all / tensorflow
 
 
 def test_sweeps_take_the_table4_row_as_their_default_point(dirs):
