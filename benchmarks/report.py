@@ -748,6 +748,8 @@ def sweep_lines(inputs: Inputs, prov: Provenance) -> list[str]:
         for r in read_json(inputs.recipes / f"{stem}.json") or []
         if r["head"] == "midx_rq"
     ]
+    full = [r for r in table4_rows(inputs.recipes) if r.head == "full"][:1]
+    versus = f" (the full softmax: {fmt(full[0].value)})" if full else ""
     convention = f"--model.init_args.head.init_args.convention={PTB_SWEEP_CONVENTION}"
     for prefix, setting, default, override in PTB_SWEEPS:
         points = {
@@ -787,7 +789,7 @@ def sweep_lines(inputs: Inputs, prov: Provenance) -> list[str]:
                 [setting, "epochs", "test ppl", "best val ppl", "s / epoch", "provenance"], table
             ),
             f"Test perplexity goes from {ends[0][2]} at {setting} = {ends[0][0]} to "
-            f"{ends[1][2]} at {ends[1][0]}; the paper reports it falling as the "
+            f"{ends[1][2]} at {ends[1][0]}{versus}; the paper reports it falling as the "
             + ("codebook grows (Figure 3)." if "codebook" in setting else "draws grow (Figure 7)."),
             "",
         ]
