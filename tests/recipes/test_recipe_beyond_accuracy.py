@@ -97,7 +97,9 @@ def test_several_cutoffs_are_each_the_metrics_of_their_own_top_k(tmp_path: Path)
     targets = torch.cat([batch["target"] for batch in loader]).numpy()
     for k in (50, 500):
         lists = top_k_lists(cli.model, loader, k)
-        hit_rank = [list(row).index(t) if t in row else None for row, t in zip(lists, targets)]
+        hit_rank = [
+            list(row).index(t) if t in row else None for row, t in zip(lists, targets, strict=True)
+        ]
         recall = np.mean([rank is not None for rank in hit_rank])
         ndcg = np.mean([0.0 if rank is None else 1 / np.log2(rank + 2) for rank in hit_rank])
         assert test[f"test/recall@{k}"] == pytest.approx(recall, rel=1e-6)
