@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,6 @@ def recipe_args(
 def worker(args: argparse.Namespace) -> None:
     """One run (every rank of a DDP run executes this): trains unless ``--evaluate`` names a
     checkpoint, then validates and tests; rank 0 writes ``--result`` as JSON."""
-    import warnings
-
     from recipes.cli import main
     from recipes.compare import EpochRecord
 

@@ -684,24 +684,30 @@ PTB_COMMAND = "python -m recipes.compare --config recipes/configs/lstm_ptb.yaml"
 NEGATIVES_20 = "--model.init_args.head.init_args.num_negatives=20"
 
 
+def ptb_test_row(r: dict[str, Any], task: str, stem: str) -> Quality:
+    """A PTB ``recipes.compare`` row of ``recipes/results/<stem>.json`` as its test perplexity,
+    with the best validation perplexity and the seconds per epoch beside it."""
+    return Quality(
+        task,
+        r["head"],
+        int(r["epochs"]),
+        "test ppl",
+        float(r["test/ppl"]),
+        {
+            "best val ppl": number(r.get("best val/ppl")),
+            "s / epoch": number(r.get("seconds/epoch")),
+        },
+        f"recipes/results/{stem}.json; seed 0",
+    )
+
+
 def table4_rows(recipes: Path) -> list[Quality]:
     """Test perplexity of the Table 4 runs (:data:`PTB_TABLE4_RUNS`), one task per convention;
     the full softmax's row stands in every task that has sampled rows."""
     rows, full = [], []
     for stem, convention in PTB_TABLE4_RUNS:
         for r in read_json(recipes / f"{stem}.json") or []:
-            row = Quality(
-                PTB_CONVENTION_TASKS[convention],
-                r["head"],
-                int(r["epochs"]),
-                "test ppl",
-                float(r["test/ppl"]),
-                {
-                    "best val ppl": number(r.get("best val/ppl")),
-                    "s / epoch": number(r.get("seconds/epoch")),
-                },
-                f"recipes/results/{stem}.json; seed 0",
-            )
+            row = ptb_test_row(r, PTB_CONVENTION_TASKS[convention], stem)
             (full if r["head"] == "full" else rows).append(row)
     tasks = list(dict.fromkeys(r.task for r in rows)) or [PTB_CONVENTION_TASKS["exact_positive"]]
     return [replace(f, task=task) for task in tasks for f in full] + rows
@@ -738,23 +744,19 @@ def table4_paragraph(rows: Sequence[Quality]) -> str:
     )
 
 
-def sweep_lines(inputs: Inputs, prov: Provenance) -> list[str]:
+def sweep_lines(inputs: Inputs, prov: Provenance, table4: Sequence[Quality]) -> list[str]:
     """The paper's Figures 3 and 7: MIDX-rq's test perplexity against the codebook size and the
-    number of negatives (:data:`PTB_SWEEPS`), the Table 4 row as the default point."""
+    number of negatives (:data:`PTB_SWEEPS`), the ``table4`` MIDX-rq row under
+    :data:`PTB_SWEEP_CONVENTION` as the default point."""
     lines = []
-    reference = [
-        (r, stem)
-        for stem, convention in PTB_TABLE4_RUNS
-        if convention == PTB_SWEEP_CONVENTION
-        for r in read_json(inputs.recipes / f"{stem}.json") or []
-        if r["head"] == "midx_rq"
-    ]
-    full = [r for r in table4_rows(inputs.recipes) if r.head == "full"][:1]
+    task = PTB_CONVENTION_TASKS[PTB_SWEEP_CONVENTION]
+    reference = [r for r in table4 if r.task == task and r.head == "midx_rq"]
+    full = [r for r in table4 if r.head == "full"][:1]
     versus = f" (the full softmax: {fmt(full[0].value)})" if full else ""
     convention = f"--model.init_args.head.init_args.convention={PTB_SWEEP_CONVENTION}"
     for prefix, setting, default, override in PTB_SWEEPS:
         points = {
-            int(path.stem.removeprefix(prefix)): (r, path.stem)
+            int(path.stem.removeprefix(prefix)): ptb_test_row(r, task, path.stem)
             for path in inputs.recipes.glob(f"{prefix}*.json")
             if path.stem.removeprefix(prefix).isdigit()
             for r in read_json(path) or []
@@ -773,13 +775,13 @@ def sweep_lines(inputs: Inputs, prov: Provenance) -> list[str]:
         table = [
             [
                 v,
-                r["epochs"],
-                fmt(number(r["test/ppl"])),
-                fmt(number(r.get("best val/ppl"))),
-                fmt(number(r.get("seconds/epoch"))),
-                prov.mark(f"recipes/results/{stem}.json; seed 0"),
+                r.epochs,
+                fmt(r.value),
+                fmt(r.columns["best val ppl"]),
+                fmt(r.columns["s / epoch"]),
+                prov.mark(r.source),
             ]
-            for v, (r, stem) in sorted(points.items())
+            for v, r in sorted(points.items())
         ]
         ends = [table[0], table[-1]]
         lines += [
@@ -863,7 +865,7 @@ def section_ptb(inputs: Inputs) -> list[str]:
         "The paper's Table 5 (PTB LSTM, log perplexity as printed): MIDX-pq 4.8003, "
         "MIDX-Learn-pq 4.7320, MIDX-rq 4.7693, MIDX-Learn-rq 4.7212.",
         "",
-        *sweep_lines(inputs, prov),
+        *sweep_lines(inputs, prov, table4),
         *prov.lines(),
         *inputs.plots(*(inputs.recipes / f"{stem}.png" for stem in runs)),
     ]
