@@ -1,0 +1,5 @@
+"""``python -m benchmarks.report``: writes ``REPORT.md`` (see the package docstring)."""
+
+from . import main
+
+main()
