@@ -8,7 +8,8 @@ metrics and the wall time per epoch (training plus validation).
 With a budget instead, ``--max-steps`` (optimizer steps) or ``--max-time`` (minutes, Lightning's
 ``Trainer(max_time=...)``, which counts validation too), training may end mid-epoch; the final
 weights are then validated and tested (no checkpoint is restored). ``--val-every`` validates every
-that many steps (across epoch boundaries).
+that many steps (across epoch boundaries). Early stopping still acts on the validations that ran,
+but a budget that ends before the first one is not an error (``EarlyStopping(strict=False)``).
 
 Every row also records the training positions (targets that are not ``ignore_index`` or
 padding: tokens for a language model), the training wall time without validation, positions per
@@ -36,7 +37,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from .cli import main
 from .memory import peak_rss_bytes, reset_peak_rss
@@ -184,6 +185,10 @@ def run(
             "--trainer.check_val_every_n_epoch=null",
         ]
     cli = main([*args, *extra], run=False)
+    if budget:  # a budget may end training before any validation: nothing to stop on yet
+        for callback in cli.trainer.callbacks:
+            if isinstance(callback, EarlyStopping):
+                callback.strict = False
     record = EpochRecord()
     cli.trainer.callbacks.append(record)
     reset_peak_rss()

@@ -71,6 +71,15 @@ def test_step_budget_evaluates_the_final_weights(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_step_budget_ending_before_the_first_validation_is_not_an_error():
+    # the config's EarlyStopping monitors val/ndcg@10 at every epoch's end, and the epoch is cut
+    # by the budget before any validation ran
+    extra = [*SLICE[:2], SLICE[3]]
+    (row,) = compare(CONFIGS / "sasrec_ml-100k.yaml", ["uniform"], None, 0, extra, max_steps=2)
+    assert row["steps"] == 2 and [v["step"] for v in row["validation"]] == [2]
+    assert "val/ndcg@10" in row and "test/ndcg@10" in row
+
+
 def test_time_budget_stops_training(tmp_path):
     extra = [*SLICE[:2], SLICE[3]]
     (row,) = compare(CONFIGS / "sasrec_ml-100k.yaml", ["uniform"], None, 0, extra, max_time=0.02)
