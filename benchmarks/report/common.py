@@ -66,9 +66,12 @@ def number(value: Any) -> float | None:
 
 
 def fmt(value: float | None) -> str:
-    """4 significant digits, thousands separated from 10,000 on; an em dash for ``None``."""
+    """4 significant digits, thousands separated from 10,000 on, 3 digits and an exponent from
+    1e9 on (a diverged perplexity); an em dash for ``None``."""
     if value is None:
         return "—"
+    if abs(value) >= 1e9:
+        return f"{value:.3g}"
     if abs(value) >= 10_000:
         return f"{value:,.0f}"
     return f"{value:.4g}"

@@ -26,6 +26,20 @@ GCIDE_RUNS = (
     ("gcide_time", "time", f"{GCIDE} (file of de21590)"),
     ("gcide_time_mixture", "time", f"{GCIDE}, mixture section (file of 4b16217)"),
     ("gcide_tokens", "tokens", f"{GCIDE} (file of de21590)"),
+    ("gcide_tokens_more", "tokens", f"{GCIDE}, 'The issue's other heads' section"),
+    ("gcide_tokens_cane", "tokens", f"{GCIDE}, 'The issue's other heads' section"),
+    ("gcide_time_more", "time", f"{GCIDE}, 'The issue's other heads' section"),
+    ("gcide_time_cane", "time", f"{GCIDE}, 'The issue's other heads' section"),
+)
+#: the overrides that put the issue's other heads (plain head configs) on the sparse path with 20
+#: scored negatives per token, and CANE's split of its 20 classes
+SPARSE_20 = (
+    "--model.init_args.head.init_args.sparse_grad=true "
+    "--model.init_args.head.init_args.num_negatives=20"
+)
+CANE_4_16 = (
+    "--model.init_args.head.init_args.num_candidates=4 "
+    "--model.init_args.head.init_args.num_noise=16"
 )
 
 
@@ -51,7 +65,12 @@ def section_gcide(inputs: Inputs) -> list[str]:
         "`python -m recipes.compare --config recipes/configs/lstm_gcide.yaml --heads <heads> "
         "--max-steps 30` (equal tokens: what the full softmax trains in 8 minutes) or "
         "`--max-time 8` (equal wall clock), with `--val-every 5000 --seed 0 --out "
-        "recipes/results/gcide_<tokens|time>`.",
+        "recipes/results/gcide_<tokens|time>`. The `sparse_*` head configs set the sparse path; "
+        "the other heads (unigram, One-vs-Each, TAPAS, MIDX-learn: `--out "
+        "recipes/results/gcide_<tokens|time>_more`) get it from the overrides "
+        f"`-- {SPARSE_20}`, and CANE (`gcide_<tokens|time>_cane`) from "
+        f"`-- --model.init_args.head.init_args.sparse_grad=true {CANE_4_16}` (4 beam "
+        "candidates against 16 noises). Every sampled head uses the default convention.",
         "",
     ]
     for budget, title in (("tokens", "Equal token budget"), ("time", "Equal wall clock")):

@@ -37,6 +37,7 @@ PTB_TABLE4_RUNS = (
     ("lstm_ptb_table4_tensorflow_static", "tensorflow"),
     ("lstm_ptb_table4_tensorflow_midx", "tensorflow"),
     ("lstm_ptb_table4_corrected_all", "corrected_all"),
+    ("lstm_ptb_table4_corrected_learn_pq", "corrected_all"),
 )
 #: the task name of a Table 4 row under each convention
 PTB_CONVENTION_TASKS = {

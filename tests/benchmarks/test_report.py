@@ -250,10 +250,15 @@ def test_movielens_shows_the_cutoff_50_where_a_run_logged_it(dirs):
         compare_row("uniform", 10, 0.1),
     ]
     (dirs.recipes / "gru4rec_ml-1m_table7.json").write_text(json.dumps(rows))
+    (dirs.recipes / "gru4rec_ml-1m.json").write_text(json.dumps([compare_row("cane", 10, 0.1)]))
     ml = section(report.build_report(dirs), "4.")
-    assert "| 0.5 | 0.3 | 0.6 |" in row(ml, "GRU4Rec", "full softmax", "10")
-    assert "| 0.5 | — | — |" in row(ml, "GRU4Rec", "uniform", "10")
-    assert "Not measured yet: NDCG@50" not in ml
+    # N@50, R@10, R@50, seconds per epoch, then N@10
+    assert "| 10 | 0.3 | 0.5 | 0.6 | — | 0.2 | 1x |" in row(ml, "GRU4Rec", "full softmax", "10")
+    assert "| 10 | — | 0.5 | — | — | 0.1 | 0.5x |" in row(ml, "GRU4Rec", "uniform", "10")
+    # an earlier run (@10 only) goes to its own table, after the current one
+    current, earlier = ml.split("Earlier runs")
+    assert "| GRU4Rec | CANE |" not in current and "| GRU4Rec | CANE | 10 |" in earlier
+    assert "Only earlier runs (@10) have GRU4Rec CANE." in current
 
 
 def test_ddp_section_quotes_both_throughput_ratios_and_the_worst_difference(dirs):
@@ -308,3 +313,9 @@ def test_proposal_kl_is_listed_per_epoch_beside_its_plot(dirs):
     assert "| 1 | 2.5 |" in text and "| 2 | 1.5 |" in text
     assert "lstm_ptb_table4_midx_rq_proposal.png" in text
     assert "proposal-distribution plot" not in text
+
+
+def test_numbers_keep_four_digits_and_diverged_ones_an_exponent():
+    assert report.common.fmt(0.123456) == "0.1235" and report.common.fmt(None) == "—"
+    assert report.common.fmt(30_998_950) == "30,998,950"
+    assert report.common.fmt(1.738e16) == "1.74e+16"
