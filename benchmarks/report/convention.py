@@ -27,6 +27,8 @@ CONVENTION_SOURCE = (
     "recipes/RESULTS.md, 'The two conventions side by side': TensorFlow's at 18661be, the "
     "default at f9f125d (MovieLens) or 18661be (PTB); the eager uniform path is the same in both"
 )
+#: the third convention, every logit corrected and hits kept, in ``<stem>_corrected_all.json``
+CORRECTED_ALL_SOURCE = "recipes/RESULTS.md, 'The third convention, corrected_all'"
 
 
 def section_convention(inputs: Inputs) -> list[str]:
@@ -43,8 +45,13 @@ def section_convention(inputs: Inputs) -> list[str]:
         if "tensorflow" not in rows or "exact_positive" not in rows:
             missing.append(model)
             continue
+        sources = dict.fromkeys(rows, CONVENTION_SOURCE)
+        for r in read_json(inputs.recipes / f"{stem}_corrected_all.json") or []:
+            rows["corrected_all"], sources["corrected_all"] = r, CORRECTED_ALL_SOURCE
         reference = number(rows["tensorflow"][f"test/{metric}"])
-        for name in ("tensorflow", "exact_positive"):
+        for name in ("tensorflow", "exact_positive", "corrected_all"):
+            if name not in rows:
+                continue
             r = rows[name]
             table.append(
                 [
@@ -56,23 +63,29 @@ def section_convention(inputs: Inputs) -> list[str]:
                     fmt(number(r[f"test/{metric}"])),
                     fmt(number(r.get(f"best val/{metric}"))),
                     ratio(divide(number(r[f"test/{metric}"]), reference)),
-                    prov.mark(f"{CONVENTION_SOURCE}; seed 0"),
+                    prov.mark(f"{sources[name]}; seed 0"),
                 ]
             )
         rel = divide(number(rows["exact_positive"][f"test/{metric}"]), reference)
-        sentences.append(
+        sentence = (
             f"On {model} the consistent default {verdict(rel, lower)} TensorFlow's convention "
-            f"(test {metric} {ratio(rel)} of it)."
+            f"(test {metric} {ratio(rel)} of it)"
         )
+        if "corrected_all" in rows:
+            rel = divide(number(rows["corrected_all"][f"test/{metric}"]), reference)
+            sentence += f", and `corrected_all` {verdict(rel, lower)} it ({ratio(rel)})"
+        sentences.append(sentence + ".")
     if table:
         lines += [
             "The uniform head, 100 negatives per query, with `convention=tensorflow` (every "
             "logit, the positive's too, corrected by log(M q)) and with the default "
-            "`exact_positive` (the positive uncorrected); both mask accidental hits. Same code, "
+            "`exact_positive` (the positive uncorrected); both mask accidental hits. Where "
+            "measured, also `corrected_all` (every logit corrected, hits kept: consistent like "
+            "the default, damped like TensorFlow's; `<stem>_corrected_all` files). Same code, "
             "data, epochs and seed. Command: `python -m recipes.compare --config "
             "recipes/configs/<model>.yaml --heads uniform --epochs <10 | 3 for PTB> --seed 0 "
             "--threads 1 -- --model.init_args.head.init_args.convention=<tensorflow|"
-            "exact_positive>`.",
+            "exact_positive|corrected_all>`.",
             "",
             *markdown_table(
                 ["model", "head", "convention", "epochs", "metric", "test", "best val"]

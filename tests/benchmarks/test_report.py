@@ -193,13 +193,19 @@ def test_lower_perplexity_under_the_default_convention_beats_tensorflows(dirs):
         {"head": "uniform", "epochs": 3, "test/ppl": 150.0, "convention": "exact_positive"},
     ]
     (dirs.recipes / "lstm_ptb_convention.json").write_text(json.dumps(rows))
+    third = [{"head": "uniform", "epochs": 3, "test/ppl": 220.0, "best val/ppl": 230.0}]
+    (dirs.recipes / "lstm_ptb_convention_corrected_all.json").write_text(json.dumps(third))
     report.main(
         [f"--benchmarks={dirs.benchmarks}", f"--recipes={dirs.recipes}"]
         + [f"--results-md={dirs.results_md}"]
     )
     text = section(dirs.out.read_text(), "6.")
     assert "| test ppl | 150 | — | 0.75x |" in row(text, "PTB LSTM", "uniform", "exact_positive")
+    assert "| test ppl | 220 | 230 | 1.1x | P2 |" in row(
+        text, "PTB LSTM", "uniform", "corrected_all"
+    )
     assert "On PTB LSTM the consistent default beats" in text
+    assert "and `corrected_all` falls short of it (1.1x)." in text
     assert "side by side on SASRec ML-1M, GRU4Rec ML-1M." in text
 
 
