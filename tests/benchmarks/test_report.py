@@ -325,3 +325,34 @@ def test_numbers_keep_four_digits_and_diverged_ones_an_exponent():
     assert report.common.fmt(0.123456) == "0.1235" and report.common.fmt(None) == "—"
     assert report.common.fmt(30_998_950) == "30,998,950"
     assert report.common.fmt(1.738e16) == "1.74e+16"
+
+
+def gcide_row(head: str, steps: int, tokens_per_s: float, ppl: float) -> dict:
+    return {
+        "head": head,
+        "steps": steps,
+        "train positions": steps * 1120,
+        "positions/s": tokens_per_s,
+        "refresh s": 0,
+        "peak RSS MB": 1000,
+        "val/ppl": ppl,
+        "test/ppl": ppl + 1,
+    }
+
+
+def test_gcide_rows_compare_with_the_full_softmax_of_their_own_session(dirs):
+    # the older session ran on a busier machine: its full softmax was slower
+    for stem, rows in (
+        ("gcide_full", [gcide_row("full", 30, 50.0, 400.0)]),
+        ("gcide_tokens", [gcide_row("sparse_uniform", 30, 1000.0, 800.0)]),
+        ("gcide_full_rerun", [gcide_row("full", 30, 100.0, 400.0)]),
+        ("gcide_tokens_more", [gcide_row("unigram", 30, 4000.0, 600.0)]),
+    ):
+        (dirs.recipes / f"{stem}.json").write_text(json.dumps(rows))
+    text = section(report.build_report(dirs), "5.")
+    tokens = text.split("Equal wall clock")[0]
+    assert "| 1000 | 20x |" in row(tokens, "uniform", "30")
+    assert "| 4000 | 40x |" in row(tokens, "unigram", "30")  # against 100 tokens/s, not 50
+    assert "the best sampled head, uniform, reaches 2x of its validation perplexity" in tokens
+    assert "the best sampled head, unigram, reaches 1.5x of its validation perplexity" in tokens
+    assert "Not run on GCIDE yet: MIDX-pq, MIDX-rq, MIDX-learn, TAPAS, One-vs-Each, CANE." in text
