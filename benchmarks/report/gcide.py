@@ -3,6 +3,7 @@ wall clock."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .common import (
@@ -47,24 +48,43 @@ CANE_4_16 = (
 )
 
 
-def section_gcide(inputs: Inputs) -> list[str]:
-    lines = ["## 5. GCIDE, 108,620 words: equal token budget and equal wall clock", ""]
+#: a GCIDE row, its provenance and the stem of the full-softmax run it is compared with
+Run = tuple[dict[str, Any], str, str]
+
+
+def gcide_runs(recipes: Path) -> tuple[dict[str, list[Run]], dict[str, dict[str, Any] | None]]:
+    """The :data:`GCIDE_RUNS` rows per budget (``tokens``, ``time``), and each reference
+    stem's full-softmax row (``None`` where it is missing)."""
     fulls = {
         reference: next(
-            (
-                r
-                for r in read_json(inputs.recipes / f"{reference}.json") or []
-                if r["head"] == "full"
-            ),
+            (r for r in read_json(recipes / f"{reference}.json") or [] if r["head"] == "full"),
             None,
         )
         for *_, reference in GCIDE_RUNS
     }
-    budgets: dict[str, list[tuple[dict[str, Any], str, str]]] = {"tokens": [], "time": []}
+    budgets: dict[str, list[Run]] = {"tokens": [], "time": []}
     for stem, budget, source, reference in GCIDE_RUNS:
-        for r in read_json(inputs.recipes / f"{stem}.json") or []:
+        for r in read_json(recipes / f"{stem}.json") or []:
             for b in budgets if budget == "both" else [budget]:
                 budgets[b].append((r, source, reference))
+    return budgets, fulls
+
+
+def wall_clock_ratios(recipes: Path) -> dict[str, tuple[float, str]]:
+    """Per head key (``sparse_`` removed): validation perplexity over that of the full softmax of
+    the same session at equal wall clock, and the row's provenance; the last run of a head wins."""
+    budgets, fulls = gcide_runs(recipes)
+    found = {}
+    for r, source, reference in budgets["time"]:
+        rel = versus(r, fulls[reference], "val/ppl")
+        if rel is not None:
+            found[r["head"].removeprefix("sparse_")] = (rel, source)
+    return found
+
+
+def section_gcide(inputs: Inputs) -> list[str]:
+    lines = ["## 5. GCIDE, 108,620 words: equal token budget and equal wall clock", ""]
+    budgets, fulls = gcide_runs(inputs.recipes)
     if not any(budgets.values()):
         return lines + not_measured(
             "the GCIDE language model",
