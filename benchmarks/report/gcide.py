@@ -30,11 +30,12 @@ GCIDE_RUNS = (
     ("gcide_time", "time", f"{GCIDE} (file of de21590)", "gcide_full"),
     ("gcide_time_mixture", "time", f"{GCIDE}, mixture section (file of 4b16217)", "gcide_full"),
     ("gcide_tokens", "tokens", f"{GCIDE} (file of de21590)", "gcide_full"),
-    ("gcide_full_rerun", "both", OTHER_HEADS, "gcide_full_rerun"),
+    ("gcide_full_rerun", "tokens", OTHER_HEADS, "gcide_full_rerun"),
     ("gcide_tokens_more", "tokens", OTHER_HEADS, "gcide_full_rerun"),
     ("gcide_tokens_cane", "tokens", OTHER_HEADS, "gcide_full_rerun"),
-    ("gcide_time_more", "time", OTHER_HEADS, "gcide_full_rerun"),
-    ("gcide_time_cane", "time", OTHER_HEADS, "gcide_full_rerun"),
+    ("gcide_time_full_rerun", "time", OTHER_HEADS, "gcide_time_full_rerun"),
+    ("gcide_time_more", "time", OTHER_HEADS, "gcide_time_full_rerun"),
+    ("gcide_time_cane", "time", OTHER_HEADS, "gcide_time_full_rerun"),
 )
 #: the overrides that put the issue's other heads (plain head configs) on the sparse path with 20
 #: scored negatives per token, and CANE's split of its 20 classes

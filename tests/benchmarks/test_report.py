@@ -347,6 +347,7 @@ def test_gcide_rows_compare_with_the_full_softmax_of_their_own_session(dirs):
         ("gcide_tokens", [gcide_row("sparse_uniform", 30, 1000.0, 800.0)]),
         ("gcide_full_rerun", [gcide_row("full", 30, 100.0, 400.0)]),
         ("gcide_tokens_more", [gcide_row("unigram", 30, 4000.0, 600.0)]),
+        ("gcide_time_full_rerun", [gcide_row("full", 100, 100.0, 400.0)]),
         ("gcide_time_more", [gcide_row("unigram", 300, 4000.0, 300.0)]),
     ):
         (dirs.recipes / f"{stem}.json").write_text(json.dumps(rows))
