@@ -49,9 +49,10 @@ bench-full: setup
 	$(PY) -m benchmarks.ddp_scaling
 	$(MAKE) report
 
-# Assembles benchmarks/results/REPORT.md from the result files (seconds; measures nothing).
+# Assembles benchmarks/results/REPORT.md from the result files (seconds; measures nothing) and
+# copies its headline table into the README.
 report:
-	$(PY) -m benchmarks.report
+	$(PY) -m benchmarks.report --readme README.md
 
 bench-train-step: setup
 	OMP_NUM_THREADS=1 THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.train_step --name train_step_huge_pages

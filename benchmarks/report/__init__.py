@@ -14,7 +14,9 @@ One module per section (``speed``, ``sampling``, ``ptb``, ``movielens``, ``gcide
 holds the papers' numbers.
 
 Run: ``python -m benchmarks.report [--benchmarks DIR] [--recipes DIR] [--results-md PATH]
-[--out PATH]`` (defaults: this repository's result folders and ``benchmarks/results/REPORT.md``).
+[--out PATH] [--readme README.md]`` (defaults: this repository's result folders and
+``benchmarks/results/REPORT.md``; ``--readme`` also copies the headline table into the README,
+between the markers of :mod:`.readme`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .gcide import section_gcide
 from .headline import section_headline
 from .movielens import section_movielens
 from .ptb import section_ptb
+from .readme import sync_readme
 from .sampling import section_sampling
 from .speed import section_speed
 
@@ -93,8 +96,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipes", type=Path, default=ROOT / "recipes" / "results")
     parser.add_argument("--results-md", type=Path, default=ROOT / "recipes" / "RESULTS.md")
     parser.add_argument("--out", type=Path, default=None, help="default: BENCHMARKS/REPORT.md")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="also copy the headline table into this README"
+    )
     args = parser.parse_args(argv)
     out = args.out or args.benchmarks / "REPORT.md"
     inputs = Inputs(args.benchmarks, args.recipes, args.results_md, out)
-    out.write_text(build_report(inputs))
+    text = build_report(inputs)
+    out.write_text(text)
     print(f"wrote {out}")
+    if args.readme is not None:
+        changed = sync_readme(args.readme, text)
+        print(f"{'updated' if changed else 'unchanged'}: the headline table of {args.readme}")

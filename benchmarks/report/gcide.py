@@ -148,8 +148,16 @@ def section_gcide(inputs: Inputs) -> list[str]:
     have = {r["head"].removeprefix("sparse_") for runs in budgets.values() for r, *_ in runs}
     lines += [
         "Why: the full softmax pays for 1,120 x 108,620 logits a step, so in equal time it sees "
-        "a fraction of the tokens; at an equal (tiny) token budget the sampled heads have not yet "
-        "learned the frequent words, which a log-uniform prior fixes (recipes/results/gcide.md).",
+        "a fraction of the tokens. Under the default convention (the positive uncorrected) a "
+        "proposal must draw the frequent words as negatives from the first steps, or their "
+        "logits run away: log-uniform and unigram do, and so do CANE's beam candidates (the "
+        "words the model already ranks high); uniform negatives do not, nor MIDX while its index "
+        "is built on untrained embeddings. MIDX-rq recovers as its index is refreshed; "
+        "MIDX-learn does not, because its learned proposal grows peaked on cells that hold few "
+        "targets (recipes/RESULTS.md, 'Why MIDX-Learn diverges'). One-vs-Each stays stable with "
+        "uniform negatives because its pairwise bound stops pushing once the positive is above "
+        "a negative. TAPAS is the fastest per token (20 negatives shared by the batch) but "
+        "learns least per token (recipes/results/gcide.md).",
         "",
         (
             missing_heads(have, "GCIDE") + " Peak RSS of heads run after another in one process "

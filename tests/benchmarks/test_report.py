@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import report
+from benchmarks.report import readme as readme_module
 
 STEP_COLUMNS = ["num_classes", "method", "sparse_grad", "device", "median_s", "time_vs_plain"]
 STEP_COLUMNS += ["peak_mib", "status", "machine", "torch", "commit"]
@@ -360,3 +361,27 @@ def test_gcide_rows_compare_with_the_full_softmax_of_their_own_session(dirs):
     assert "the best sampled head, uniform, reaches 2x of its validation perplexity" in tokens
     assert "the best sampled head, unigram, reaches 1.5x of its validation perplexity" in tokens
     assert "Not run on GCIDE yet: MIDX-pq, MIDX-rq, MIDX-learn, TAPAS, One-vs-Each, CANE." in text
+
+
+def test_make_report_copies_the_headline_table_into_the_readme(dirs, tmp_path):
+    write_csv(
+        dirs.benchmarks / "head_step.csv",
+        [step(100, "plain_cross_entropy", 2.0, 100.0), step(100, "uniform", 1.0, 50.0)],
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        f"# Title\n\nBefore.\n\n{readme_module.START}\n| old |\n{readme_module.END}\n\nAfter.\n"
+    )
+    args = [f"--benchmarks={dirs.benchmarks}", f"--recipes={dirs.recipes}", f"--readme={readme}"]
+    report.main([*args, f"--results-md={dirs.results_md}"])
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nBefore.\n\n") and text.endswith("\n\nAfter.\n")
+    block = text.split(readme_module.START)[1].split(readme_module.END)[0]
+    assert "| old |" not in block and "| uniform | 1e2 | 0.5x | 0.5x |" in block
+    assert "provenance" not in block and "P1" not in block
+    assert block.count("\n|") == 3  # header, rule, uniform (plain cross-entropy is the reference)
+    report.main([*args, f"--results-md={dirs.results_md}"])  # idempotent
+    assert readme.read_text() == text
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="no .* block"):
+        report.main([*args, f"--results-md={dirs.results_md}"])
