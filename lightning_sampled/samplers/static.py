@@ -19,8 +19,7 @@ class _StaticSampler(Sampler):
     def _sample(
         self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
     ) -> Sample:
-        shape = (num_samples,) if shared else (z.shape[0], num_samples)
-        ids = self._draw(shape, z.device, generator)
+        ids = self._draw(_draw_shape(z, num_samples, shared), z.device, generator)
         return Sample(ids, self._log_q(ids))
 
     def _log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
@@ -149,7 +148,7 @@ class UnigramSampler(_StaticSampler):
     def _sample(
         self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
     ) -> Sample:
-        shape = (num_samples,) if shared else (z.shape[0], num_samples)
+        shape = _draw_shape(z, num_samples, shared)
         u = torch.rand(math.prod(shape), device=z.device, generator=generator, dtype=torch.float64)
         ids, log_q = alias_draw(self.alias_rows, u)
         return Sample(ids.view(shape), log_q.float().view(shape))
@@ -159,6 +158,11 @@ class UnigramSampler(_StaticSampler):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha}, floor={self.floor:.3g}"
+
+
+def _draw_shape(z: Tensor, num_samples: int, shared: bool) -> tuple[int, ...]:
+    """``[M]`` draws shared by the batch, else ``[B, M]`` for the ``B`` queries of ``z``."""
+    return (num_samples,) if shared else (z.shape[0], num_samples)
 
 
 def _drop_legacy_cdf(module: UnigramSampler, state_dict: dict, prefix: str, *_: Any) -> None:
