@@ -74,4 +74,16 @@ def test_recipe_midx_head_configs_append_the_callback() -> None:
     assert len(configs) >= 3
     for path in configs:
         callbacks = yaml.safe_load(path.read_text())["trainer"]["callbacks+"]
-        assert {"class_path": "lightning_sampled.callbacks.IndexRefresh"} in callbacks, path.name
+        paths = [c["class_path"] for c in callbacks]
+        assert paths == ["lightning_sampled.callbacks.IndexRefresh"], path.name
+        # MIDX-Learn's codewords move every step, so its classes are reassigned every step
+        schedule = callbacks[0].get("init_args", {})
+        learnable = yaml.safe_load(path.read_text())["model"]["init_args"]["sampler"]
+        if learnable["init_args"].get("learnable"):
+            assert schedule == {
+                "every_n_train_steps": 1,
+                "every_n_epochs": None,
+                "doubling_steps": None,
+            }, path.name
+        else:
+            assert schedule == {}, path.name

@@ -55,6 +55,7 @@ from .base import Sample, Sampler, lookup, skip_padding
 from .conditional_draw import draw_from_used_rows
 
 _MODES = ("fast", "exact")
+_ENCODERS = ("soft", "hard")
 _RESIZABLE = ("codewords", "class_embeddings")
 _MSE_ROWS = 1 << 16  # the logged quantisation error is measured on at most this many classes
 
@@ -72,7 +73,8 @@ class MIDXSampler(Sampler):
         mode: ``"fast"`` (Eq. 6, uniform inside a cell) or ``"exact"`` (Eqs. 2-5, full softmax).
         learnable: MIDX-Learn: the codewords are a parameter trained by :meth:`auxiliary_loss`,
             initialised by k-means at the first refresh; later refreshes only reassign classes
-            to cells with the learned codewords.
+            to cells with the learned codewords. The codewords move at every optimizer step, so
+            refresh every step (``IndexRefresh(every_n_train_steps=1)``; it warns otherwise).
         dim: ``D``, the embedding size; required when ``learnable`` (the codewords are created
             here so that an optimizer can hold them), optional otherwise (checked at refresh).
         padding_idx: a class that is never drawn.
@@ -85,6 +87,11 @@ class MIDXSampler(Sampler):
             ``O(queries x kl_chunk_size)``, chunks recomputed in backward).
         reconstruction_weight: MIDX-Learn: weight of the reconstruction loss.
         kl_weight: MIDX-Learn: weight of the KL loss.
+        kl_num_queries: MIDX-Learn: queries of the step drawn (without replacement) for the
+            auxiliary loss; ``None`` uses them all.
+        encoder: MIDX-Learn: how the auxiliary loss encodes a class (see :meth:`auxiliary_loss`):
+            ``"hard"``, its codes (so ``p'`` is the proposal the sampler draws from), or
+            ``"soft"``, the codeword weights ``softmax(q . c)`` of the paper's text.
     """
 
     query_independent = False
@@ -105,6 +112,8 @@ class MIDXSampler(Sampler):
         kl_chunk_size: int = 8192,
         reconstruction_weight: float = 1.0,
         kl_weight: float = 1.0,
+        kl_num_queries: int | None = 128,
+        encoder: str = "hard",
     ) -> None:
         super().__init__(num_classes, padding_idx=padding_idx)
         check_positive_int("codebook_size", codebook_size)
@@ -144,6 +153,12 @@ class MIDXSampler(Sampler):
         self.kl_chunk_size = check_positive_int("kl_chunk_size", kl_chunk_size)
         self.reconstruction_weight = float(reconstruction_weight)
         self.kl_weight = float(kl_weight)
+        if kl_num_queries is not None:
+            check_positive_int("kl_num_queries", kl_num_queries)
+        self.kl_num_queries = kl_num_queries
+        if encoder not in _ENCODERS:
+            raise ValueError(f"encoder must be one of {list(_ENCODERS)}, got {encoder!r}")
+        self.encoder = encoder
 
         k, num_cells = codebook_size, codebook_size * codebook_size
         codeword_dim = 0 if dim is None else self.quantizer.codeword_dim(dim)
@@ -448,24 +463,35 @@ class MIDXSampler(Sampler):
         and the class table are detached). With ``learnable=False`` it is a constant ``0``, so
         the same line works for every sampler.
 
-        Following Section 6.2.3, each class is softly encoded ``q^_i = sum_k w_k c_k`` with
-        ``w = softmax(q_i . c)`` per codebook (RQ: the second codebook encodes ``q_i`` minus the
-        first soft codeword), ``L_recon`` is the mean over classes of ``||q^_i - q_i||^2`` (the
-        paper sums over classes; a mean keeps the weight independent of ``N``) and ``L_KL =
+        Following Section 6.2.3, ``L_recon`` is the mean over classes of ``||q^_i - q_i||^2``
+        (the paper sums over classes; a mean keeps the weight independent of ``N``) and ``L_KL =
         log sum_i p_i^2 / p'_i`` with ``p = softmax(z . q)`` and ``p' = softmax(z . q^)``, as the
         paper writes it (an order-2 Renyi divergence, an upper bound of ``KL(p || p')``),
-        averaged over queries.
+        averaged over queries. The encoding ``q^_i`` of a class:
 
-        Cost: the paper computes both terms over all ``N`` classes every step (``O(N D)``). Here
-        they are computed over ``kl_num_classes`` classes drawn uniformly with replacement
-        (``p`` and ``p'`` renormalised over that subset), ``O(S (B + K) D)`` per step; with
-        ``kl_num_classes=None`` over all classes. Either way in chunks of ``kl_chunk_size``
-        classes that are recomputed in backward, so memory stays ``O(B x kl_chunk_size)``.
+        - ``encoder="hard"`` (default): ``q^_i`` is the reconstruction of the class's codes under
+          the current codewords (nearest codewords, as a refresh assigns them), differentiable in
+          the codewords through that reconstruction. After a refresh with these codewords,
+          ``p'`` is exactly the fast-mode proposal ``Q(. | z)`` (Eq. 6), so ``L_KL`` is the
+          divergence of the proposal the sampler draws from.
+        - ``encoder="soft"``: the paper's text, ``q^_i = sum_k w_k c_k`` with ``w =
+          softmax(q_i . c)`` per codebook (RQ: the second codebook encodes ``q_i`` minus the
+          first soft codeword). It trains a smoothed stand-in for the proposal, which the hard
+          codes of the sampler then do not follow: on PTB (Table 4 setting, classes reassigned
+          every step) it reached a validation perplexity of 255.8 after one epoch where the hard
+          encoder reached 232.0 and k-means codebooks 229.2 (``recipes/RESULTS.md``).
+
+        Cost: the paper computes both terms over all ``N`` classes and all queries every step
+        (``O(B N D)``, as much as the full softmax). Here they are computed over
+        ``kl_num_queries`` queries of the step and ``kl_num_classes`` classes drawn uniformly
+        with replacement (``p`` and ``p'`` renormalised over that subset), ``O(S (Q + K) D)``
+        per step; ``None`` for either uses them all. Classes go in chunks of ``kl_chunk_size``
+        that are recomputed in backward, so memory stays ``O(Q x kl_chunk_size)``.
 
         Args:
             z: ``[..., D]`` queries of this step.
             class_embeddings: ``[N, D]`` class table (e.g. the head's ``weight``).
-            generator: for the subset of classes.
+            generator: for the subsets of queries and classes.
 
         Returns:
             fp32 scalar.
@@ -474,6 +500,9 @@ class MIDXSampler(Sampler):
             return torch.zeros((), device=z.device)
         self._check_ready(z)
         queries = z.detach().reshape(-1, z.shape[-1]).float()
+        if self.kl_num_queries is not None and self.kl_num_queries < queries.shape[0]:
+            picked = torch.randperm(queries.shape[0], device=z.device, generator=generator)
+            queries = queries[picked[: self.kl_num_queries]]
         table = class_embeddings.detach()
         if self.kl_num_classes is None or self.kl_num_classes >= self.num_drawable:
             ids = skip_padding(torch.arange(self.num_drawable, device=z.device), self.padding_idx)
@@ -503,7 +532,11 @@ class MIDXSampler(Sampler):
         self, queries: Tensor, rows: Tensor, codewords: Tensor
     ) -> tuple[Tensor, Tensor]:
         """One class chunk: summed reconstruction error and per-query log-sum-exps ``[B, 3]``."""
-        decoded = self.quantizer.soft_decode(rows, codewords)
+        if self.encoder == "soft":
+            decoded = self.quantizer.soft_decode(rows, codewords)
+        else:
+            codes = self.quantizer.encode(rows, codewords.detach())
+            decoded = self.quantizer.decode(codes, codewords)
         reconstruction = ((decoded - rows) ** 2).sum()
         o = queries @ rows.T
         o_hat = queries @ decoded.T

@@ -1,5 +1,7 @@
 """IndexRefresh: schedule in a real CPU Trainer, resume from checkpoints, DDP broadcast (gloo)."""
 
+import warnings
+
 import faiss
 import lightning.pytorch as pl
 import pytest
@@ -131,6 +133,25 @@ def test_state_dict_round_trip_and_bad_arguments():
     ):
         with pytest.raises(ValueError, match="must be a positive int or None"):
             IndexRefresh(**kwargs)
+
+
+def test_warns_when_trained_codewords_are_not_reassigned_every_step():
+    """MIDX-Learn's codewords move at every step: a schedule other than every step warns once at
+    fit start and names the sampler; every step, or k-means codebooks, do not warn."""
+    learned = nn.ModuleDict(
+        {"head": SampledSoftmaxHead(N, D, MIDXSampler(N, 4, learnable=True, dim=D), 4)}
+    )
+    static = nn.ModuleDict({"head": SampledSoftmaxHead(N, D, MIDXSampler(N, 4), 4)})
+    with pytest.warns(UserWarning, match=r"\['head.sampler'\].*every_n_train_steps=1"):
+        IndexRefresh().on_fit_start(None, learned)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        IndexRefresh(every_n_train_steps=1).on_fit_start(None, learned)
+        IndexRefresh().on_fit_start(None, static)
+    learned.head.sampler.codewords.requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        IndexRefresh().on_fit_start(None, learned)
 
 
 def test_refresh_targets_are_the_outermost_modules_with_refresh_index():
