@@ -57,7 +57,7 @@ from .conditional_draw import draw_from_used_rows
 _MODES = ("fast", "exact")
 _ENCODERS = ("soft", "hard")
 _RESIZABLE = ("codewords", "class_embeddings")
-_MSE_ROWS = 1 << 16  # the logged quantisation error is measured on at most this many classes
+_MSE_ROWS = 1 << 12  # the logged quantisation error is measured on about this many classes
 
 # A batch's proposal: codeword logits, cell log-weights and (exact mode) residual logits.
 Stage = tuple[CodewordLogits, Tensor, Tensor | None]
@@ -231,7 +231,7 @@ class MIDXSampler(Sampler):
 
     def index_stats(self) -> dict[str, float]:
         """Scalars worth logging after a refresh: ``quantization_mse`` (mean of
-        ``||q_i - reconstruction_i||^2`` over at most 65,536 evenly spaced indexed classes),
+        ``||q_i - reconstruction_i||^2`` over about 4,096 evenly spaced indexed classes),
         ``nonempty_cells`` and ``max_cell_size``."""
         return {
             "quantization_mse": float(self.quantization_mse),
