@@ -7,10 +7,12 @@ import csv
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: head keys (recipe head configs without ``sparse_``) in the issue's order, with readable labels
 HEADS = {
@@ -54,6 +56,13 @@ def read_csv(path: Path) -> list[dict[str, str]] | None:
 def read_json(path: Path) -> list[dict[str, Any]] | None:
     """The rows of a ``recipes.compare`` JSON file, or ``None`` where it does not exist."""
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def latest_runs(items: Sequence[T], key: Callable[[T], Hashable]) -> list[T]:
+    """``items`` without those whose key recurs later: a later run of the same head (with the
+    same key) replaces an earlier one, in the later one's place."""
+    last = {key(item): i for i, item in enumerate(items)}
+    return [item for i, item in enumerate(items) if last[key(item)] == i]
 
 
 def number(value: Any) -> float | None:

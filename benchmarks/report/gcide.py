@@ -12,6 +12,7 @@ from .common import (
     divide,
     fmt,
     head_label,
+    latest_runs,
     markdown_table,
     missing_heads,
     not_measured,
@@ -23,8 +24,10 @@ from .common import (
 
 GCIDE = "recipes/results/gcide.md: torch 2.13.0 CPU, 1 thread, 2 shared cores"
 OTHER_HEADS = f"{GCIDE}, 'The issue's other heads' section"
+LEARN = f"{GCIDE}, 'MIDX-Learn with the sampler's own codes' section"
 #: recipe JSONs on GCIDE: file stem, budget (``tokens``, ``time`` or ``both``), where the
-#: provenance is, and the full-softmax run of the same session and load its rows are compared with
+#: provenance is, and the full-softmax run of the same session and load its rows are compared with;
+#: a sampled head's row in a later file replaces its row at the same budget in an earlier one
 GCIDE_RUNS = (
     ("gcide_full", "both", f"{GCIDE} (file of de21590)", "gcide_full"),
     ("gcide_time", "time", f"{GCIDE} (file of de21590)", "gcide_full"),
@@ -36,6 +39,10 @@ GCIDE_RUNS = (
     ("gcide_time_full_rerun", "time", OTHER_HEADS, "gcide_time_full_rerun"),
     ("gcide_time_more", "time", OTHER_HEADS, "gcide_time_full_rerun"),
     ("gcide_time_cane", "time", OTHER_HEADS, "gcide_time_full_rerun"),
+    ("gcide_full_rerun_learn", "tokens", LEARN, "gcide_full_rerun_learn"),
+    ("gcide_tokens_learn", "tokens", LEARN, "gcide_full_rerun_learn"),
+    ("gcide_time_full_rerun_learn", "time", LEARN, "gcide_time_full_rerun_learn"),
+    ("gcide_time_learn", "time", LEARN, "gcide_time_full_rerun_learn"),
 )
 #: the overrides that put the issue's other heads (plain head configs) on the sparse path with 20
 #: scored negatives per token, and CANE's split of its 20 classes
@@ -68,7 +75,16 @@ def gcide_runs(recipes: Path) -> tuple[dict[str, list[Run]], dict[str, dict[str,
         for r in read_json(recipes / f"{stem}.json") or []:
             for b in budgets if budget == "both" else [budget]:
                 budgets[b].append((r, source, reference))
+    for budget, runs in budgets.items():
+        budgets[budget] = latest_runs(runs, key=superseding_key)
     return budgets, fulls
+
+
+def superseding_key(run: Run) -> tuple[str, str]:
+    """Runs with equal keys replace one another: a sampled head's runs, but not the full
+    softmax's, which each session keeps as the reference of its own rows."""
+    r, _, reference = run
+    return (r["head"], reference if r["head"] == "full" else "")
 
 
 def wall_clock_ratios(recipes: Path) -> dict[str, tuple[float, str]]:

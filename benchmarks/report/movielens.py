@@ -25,19 +25,21 @@ ML1M = "recipes/RESULTS.md, MovieLens-1M section"
 TABLE7 = f"{ML1M}, 'GRU4Rec, the paper's Table 7 heads'"
 SASREC7 = f"{ML1M}, 'SASRec, unigram and MIDX-pq'"
 REST7 = f"{ML1M}, 'The rest of Table 7'"
+LEARN7 = f"{ML1M}, 'MIDX-Learn with the sampler's own codes'"
 #: recipe JSONs of the current code logging @10 and @50, default convention, 10 epochs: file stem,
 #: model, head key override, where their provenance is
 TABLE7_RUNS = (
     ("gru4rec_ml-1m_table7", "GRU4Rec", None, TABLE7),
     ("gru4rec_ml-1m_table7_midx", "GRU4Rec", None, TABLE7),
-    ("gru4rec_ml-1m_table7_midx_learn", "GRU4Rec", None, REST7),
+    ("gru4rec_ml-1m_table7_midx_learn", "GRU4Rec", None, LEARN7),
     ("gru4rec_ml-1m_table7_tapas_ove_cane", "GRU4Rec", None, REST7),
     ("sasrec_ml-1m_table7_full", "SASRec", None, SASREC7),
     ("sasrec_ml-1m_table7_uniform", "SASRec", None, REST7),
     ("sasrec_ml-1m_table7_unigram", "SASRec", None, SASREC7),
     ("sasrec_ml-1m_table7_midx_pq", "SASRec", None, SASREC7),
     ("sasrec_ml-1m_table7_midx_rq", "SASRec", None, REST7),
-    ("sasrec_ml-1m_table7_midx_learn", "SASRec", None, REST7),
+    ("sasrec_ml-1m_table7_midx_learn", "SASRec", None, LEARN7),
+    ("sasrec_ml-1m_table7_tapas", "SASRec", None, LEARN7),
 )
 #: earlier recipe JSONs on MovieLens-1M (@10 only; other conventions, epochs and heads)
 EARLIER_RUNS = (

@@ -14,6 +14,7 @@ from .common import (
     divide,
     fmt,
     head_label,
+    latest_runs,
     markdown_table,
     missing_heads,
     not_measured,
@@ -27,7 +28,8 @@ from .quality import Quality, comparison_sentences, quality_table
 
 PTB = "recipes/RESULTS.md, 'LSTM on PTB, three epochs'"
 #: recipe JSONs in the Table 4 setting (20 negatives, K = 32): file stem, the sampled-softmax
-#: convention of its SampledSoftmaxHead rows (the full softmax, CANE and One-vs-Each have none)
+#: convention of its SampledSoftmaxHead rows (the full softmax, CANE and One-vs-Each have none);
+#: a head's row in a later file replaces its row under the same convention in an earlier one
 PTB_TABLE4_RUNS = (
     ("lstm_ptb_table4_full", "exact_positive"),
     ("lstm_ptb_table4_static", "exact_positive"),
@@ -38,6 +40,8 @@ PTB_TABLE4_RUNS = (
     ("lstm_ptb_table4_tensorflow_midx", "tensorflow"),
     ("lstm_ptb_table4_corrected_all", "corrected_all"),
     ("lstm_ptb_table4_corrected_learn_pq", "corrected_all"),
+    ("lstm_ptb_table4_learn", "exact_positive"),
+    ("lstm_ptb_table4_corrected_learn", "corrected_all"),
 )
 #: the task name of a Table 4 row under each convention
 PTB_CONVENTION_TASKS = {
@@ -132,6 +136,7 @@ def table4_rows(recipes: Path) -> list[Quality]:
         for r in read_json(recipes / f"{stem}.json") or []:
             row = ptb_test_row(r, PTB_CONVENTION_TASKS[convention], stem)
             (full if r["head"] == "full" else rows).append(row)
+    rows = latest_runs(rows, key=lambda r: (r.task, r.head))
     tasks = list(dict.fromkeys(r.task for r in rows)) or [PTB_CONVENTION_TASKS["exact_positive"]]
     return [replace(f, task=task) for task in tasks for f in full] + rows
 

@@ -235,6 +235,28 @@ def test_table4_compares_each_convention_with_the_one_full_softmax_row(dirs):
     assert "| 4.000 / — / 1.500 (3 ep) |" in headline  # exact_positive / corrected_all / tensorflow
 
 
+def test_a_later_table4_run_of_a_head_replaces_the_earlier_one_under_its_convention(dirs):
+    """MIDX-Learn's re-run (``lstm_ptb_table4_corrected_learn``) replaces its row of the earlier
+    file under ``corrected_all`` only; the earlier file's other head and the other convention's
+    row stay; the paper's column has Table 5's MIDX-Learn-rq."""
+    (dirs.recipes / "lstm_ptb_table4_full.json").write_text(json.dumps([ppl_row("full", 100)]))
+    (dirs.recipes / "lstm_ptb_table4_corrected_learn_pq.json").write_text(
+        json.dumps([ppl_row("midx_learn", 900), ppl_row("midx_pq", 160)])
+    )
+    (dirs.recipes / "lstm_ptb_table4_learn_ove.json").write_text(
+        json.dumps([ppl_row("midx_learn", 5000)])
+    )
+    (dirs.recipes / "lstm_ptb_table4_corrected_learn.json").write_text(
+        json.dumps([ppl_row("midx_learn", 150)])
+    )
+    ptb = section(report.build_report(dirs), "3.")
+    corrected = "PTB LSTM, every logit corrected"
+    assert "| 150 | 1.5x | 112.30 | 1.03x |" in row(ptb, corrected, "MIDX-learn", "3")
+    assert "| 160 | 1.6x |" in row(ptb, corrected, "MIDX-pq", "3")
+    assert "| 5000 | 50x |" in row(ptb, "PTB LSTM", "MIDX-learn", "3")
+    assert "| 900 |" not in ptb
+
+
 def test_sweeps_take_the_table4_row_as_their_default_point(dirs):
     (dirs.recipes / "lstm_ptb_table4_tensorflow_midx.json").write_text(
         json.dumps([ppl_row("midx_pq", 130), ppl_row("midx_rq", 120)])
@@ -361,6 +383,24 @@ def test_gcide_rows_compare_with_the_full_softmax_of_their_own_session(dirs):
     assert "the best sampled head, uniform, reaches 2x of its validation perplexity" in tokens
     assert "the best sampled head, unigram, reaches 1.5x of its validation perplexity" in tokens
     assert "Not run on GCIDE yet: MIDX-pq, MIDX-rq, MIDX-learn, TAPAS, One-vs-Each, CANE." in text
+
+
+def test_a_later_gcide_run_of_a_sampled_head_replaces_the_earlier_one(dirs):
+    """MIDX-Learn's re-run replaces its earlier row at the same budget and is compared with the
+    full softmax of its own session; both sessions' full-softmax rows stay."""
+    for stem, rows in (
+        ("gcide_time_full_rerun", [gcide_row("full", 100, 100.0, 400.0)]),
+        ("gcide_time_more", [gcide_row("midx_learn", 300, 4000.0, 9e9)]),
+        ("gcide_time_full_rerun_learn", [gcide_row("full", 100, 50.0, 500.0)]),
+        ("gcide_time_learn", [gcide_row("midx_learn", 300, 1000.0, 250.0)]),
+    ):
+        (dirs.recipes / f"{stem}.json").write_text(json.dumps(rows))
+    text = section(report.build_report(dirs), "5.").split("Equal wall clock")[1]
+    assert "| 1000 | 20x |" in row(text, "MIDX-learn", "300")
+    assert "| 250 | 251 | 0.5x |" in row(text, "MIDX-learn", "300")
+    assert "9e+09" not in text and "| 4000 |" not in text
+    assert "| 100 | 1x |" in row(text, "full softmax", "100", "112,000", "100")
+    assert "| 50 | 1x |" in row(text, "full softmax", "100", "112,000", "50")
 
 
 def test_make_report_copies_the_headline_table_into_the_readme(dirs, tmp_path):
