@@ -249,9 +249,13 @@ def test_a_later_table4_run_of_a_head_replaces_the_earlier_one_under_its_convent
     (dirs.recipes / "lstm_ptb_table4_corrected_learn.json").write_text(
         json.dumps([ppl_row("midx_learn", 150)])
     )
+    (dirs.recipes / "lstm_ptb_table4_corrected_all.json").write_text(
+        json.dumps([ppl_row("midx_rq", 140)])
+    )
     ptb = section(report.build_report(dirs), "3.")
     corrected = "PTB LSTM, every logit corrected"
     assert "| 150 | 1.5x | 112.30 | 1.03x |" in row(ptb, corrected, "MIDX-learn", "3")
+    assert "test ppl: `corrected_all` 150, behind MIDX-rq's 140." in ptb  # Table 5's comparison
     assert "| 160 | 1.6x |" in row(ptb, corrected, "MIDX-pq", "3")
     assert "| 5000 | 50x |" in row(ptb, "PTB LSTM", "MIDX-learn", "3")
     assert "| 900 |" not in ptb
