@@ -18,7 +18,8 @@ default dense class-table gradient and with ``sparse_grad=True``:
   10-ary tree, plus 80 uniform noises).
 
 The MIDX indexes and CANE's tree are built before timing; their refresh is not timed (see
-``benchmarks/sampler_time.py`` for refresh times).
+``benchmarks/sampler_time.py`` for refresh times), except MIDX-Learn's, which reassigns its classes
+to the learned codewords in every step (as its recipe config does: they move every step).
 
 Peers: plain ``F.cross_entropy(z @ W.T, y)`` (the reference of every ratio), torch's
 ``F.linear_cross_entropy`` with its chunked path (``options=nn.LinearCrossEntropyOptions()``;
@@ -82,6 +83,7 @@ from benchmarks.common import (
     peak_extra_bytes,
     write_results,
 )
+from lightning_sampled.callbacks.index_refresh import trained_samplers
 from lightning_sampled.heads import (
     CaneHead,
     FullSoftmaxHead,
@@ -238,8 +240,12 @@ def head_builder(
         head = make_head(problem, sparse_grad).to(problem.z.device)
         if isinstance(head, SampledSoftmaxHead):
             head.refresh_index()
+        # learned codewords move every step, so their classes are reassigned every step
+        reassign = trained_samplers(head)
 
         def loss_fn() -> Tensor:
+            if reassign:
+                head.refresh_index()
             return head(problem.z, problem.target)
 
         return loss_fn, [*head.parameters(), problem.z]
@@ -692,7 +698,8 @@ problem; `time_vs_plain` is that median over plain cross-entropy's median of the
 (below 1: faster). `peak_mib`: growth of peak memory over one step in a fresh process, beyond the
 class table, inputs and index (gradients included); `memory_vs_plain` likewise. Sampled heads:
 100 negatives per query (in-batch: the batch's targets only); MIDX K = {CODEBOOK_SIZE}, index
-built before timing, refresh not timed; `uniform_shared`: 100 negatives shared by the batch;
+built before timing, refresh not timed except MIDX-Learn's reassignment of its classes, which its
+step includes; `uniform_shared`: 100 negatives shared by the batch;
 `_sparse`: `sparse_grad=True`. `adaptive_log_softmax`
 (cutoffs N/50, N/5, div_value 4) is a different model, not an exact softmax, and its cost
 depends on the targets' distribution. `linear_cross_entropy`: torch's chunked path

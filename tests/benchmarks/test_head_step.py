@@ -15,6 +15,7 @@ from benchmarks.head_step import (
     result_rows,
     skip_reason,
 )
+from lightning_sampled.heads import SampledSoftmaxHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -107,6 +108,21 @@ def test_a_step_drops_its_gradients_so_the_next_starts_without_them():
 
     make_step(Method("probe", "ours", False, False, recording_build), problem)()
     assert seen and all(p.grad is None for p in seen)
+
+
+@pytest.mark.parametrize(("name", "refreshes"), [("midx_learn", 3), ("midx_rq", 1)])
+def test_only_midx_learn_reassigns_its_classes_inside_the_timed_step(name, refreshes, monkeypatch):
+    """MIDX-Learn's codewords move every step, so its recipe reassigns every step and its timed
+    step includes that; the k-means index is built once, before timing."""
+    calls = []
+    original = SampledSoftmaxHead.refresh_index
+    monkeypatch.setattr(
+        SampledSoftmaxHead, "refresh_index", lambda head: calls.append(1) or original(head)
+    )
+    step = make_step(METHODS[name], make_problem(N, B, D, "cpu"))
+    step()
+    step()
+    assert len(calls) == refreshes
 
 
 def test_a_peer_that_is_not_installed_is_skipped_with_a_reason():
