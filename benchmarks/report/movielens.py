@@ -40,6 +40,8 @@ TABLE7_RUNS = (
     ("sasrec_ml-1m_table7_midx_rq", "SASRec", None, REST7),
     ("sasrec_ml-1m_table7_midx_learn", "SASRec", None, LEARN7),
     ("sasrec_ml-1m_table7_tapas", "SASRec", None, LEARN7),
+    ("sasrec_ml-1m_table7_cane", "SASRec", None, LEARN7),
+    ("sasrec_ml-1m_table7_ove", "SASRec", None, LEARN7),
 )
 #: earlier recipe JSONs on MovieLens-1M (@10 only; other conventions, epochs and heads)
 EARLIER_RUNS = (

@@ -42,6 +42,7 @@ PTB_TABLE4_RUNS = (
     ("lstm_ptb_table4_corrected_learn_pq", "corrected_all"),
     ("lstm_ptb_table4_learn", "exact_positive"),
     ("lstm_ptb_table4_corrected_learn", "corrected_all"),
+    ("lstm_ptb_table4_tensorflow_learn", "tensorflow"),
 )
 #: the task name of a Table 4 row under each convention
 PTB_CONVENTION_TASKS = {

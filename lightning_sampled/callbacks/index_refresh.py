@@ -81,13 +81,14 @@ class IndexRefresh(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         moving = trained_samplers(pl_module)
-        if moving and self.every_n_train_steps != 1:
+        if moving and self.every_n_train_steps is None:
             rank_zero_warn(
                 f"IndexRefresh: the samplers {moving} have trainable parameters (MIDX-Learn's "
                 "codewords), which move at every optimizer step while the classes keep the cells "
-                "of the last refresh; pass every_n_train_steps=1 to reassign the classes every "
-                "step (MIDX-Learn on PTB: validation perplexity 232.0 after one epoch, against "
-                "247.9 with the default schedule)"
+                "of the last refresh; pass every_n_train_steps to reassign them every few steps "
+                "(MIDX-Learn on PTB: validation perplexity 232.0 after one epoch with 1, against "
+                "247.9 with the default schedule; on 108,620 classes 10 did better than 1 in equal "
+                "time)"
             )
 
     def on_train_batch_start(

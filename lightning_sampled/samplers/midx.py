@@ -74,7 +74,8 @@ class MIDXSampler(Sampler):
         learnable: MIDX-Learn: the codewords are a parameter trained by :meth:`auxiliary_loss`,
             initialised by k-means at the first refresh; later refreshes only reassign classes
             to cells with the learned codewords. The codewords move at every optimizer step, so
-            refresh every step (``IndexRefresh(every_n_train_steps=1)``; it warns otherwise).
+            refresh every step or every few (``IndexRefresh(every_n_train_steps=...)``; it warns
+            without a step interval).
         dim: ``D``, the embedding size; required when ``learnable`` (the codewords are created
             here so that an optimizer can hold them), optional otherwise (checked at refresh).
         padding_idx: a class that is never drawn.

@@ -136,17 +136,18 @@ def test_state_dict_round_trip_and_bad_arguments():
 
 
 def test_warns_when_trained_codewords_are_not_reassigned_every_step():
-    """MIDX-Learn's codewords move at every step: a schedule other than every step warns once at
-    fit start and names the sampler; every step, or k-means codebooks, do not warn."""
+    """MIDX-Learn's codewords move at every step: a schedule without a step interval warns once
+    at fit start and names the sampler; a step interval, or k-means codebooks, do not warn."""
     learned = nn.ModuleDict(
         {"head": SampledSoftmaxHead(N, D, MIDXSampler(N, 4, learnable=True, dim=D), 4)}
     )
     static = nn.ModuleDict({"head": SampledSoftmaxHead(N, D, MIDXSampler(N, 4), 4)})
-    with pytest.warns(UserWarning, match=r"\['head.sampler'\].*every_n_train_steps=1"):
+    with pytest.warns(UserWarning, match=r"\['head.sampler'\].*pass every_n_train_steps"):
         IndexRefresh().on_fit_start(None, learned)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         IndexRefresh(every_n_train_steps=1).on_fit_start(None, learned)
+        IndexRefresh(every_n_train_steps=10, every_n_epochs=None).on_fit_start(None, learned)
         IndexRefresh().on_fit_start(None, static)
     learned.head.sampler.codewords.requires_grad_(False)
     with warnings.catch_warnings():
