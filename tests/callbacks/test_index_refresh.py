@@ -135,7 +135,7 @@ def test_state_dict_round_trip_and_bad_arguments():
             IndexRefresh(**kwargs)
 
 
-def test_warns_when_trained_codewords_are_not_reassigned_every_step():
+def test_warns_when_trained_codewords_have_no_step_interval():
     """MIDX-Learn's codewords move at every step: a schedule without a step interval warns once
     at fit start and names the sampler; a step interval, or k-means codebooks, do not warn."""
     learned = nn.ModuleDict(
