@@ -308,7 +308,7 @@ def tapas_head(problem: Problem, sparse_grad: bool) -> nn.Module:
         problem.dim,
         num_negatives=NUM_NEGATIVES,
         presample_factor=2,
-        presampler=UniformSampler(problem.num_classes),
+        sampler=UniformSampler(problem.num_classes),
         weight=problem.new_weight(),
         sparse_grad=sparse_grad,
     )

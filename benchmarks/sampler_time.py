@@ -55,7 +55,7 @@ from benchmarks.common import (
     peak_rss_bytes,
     write_results,
 )
-from lightning_sampled.heads import OneVsEachHead, SampledSoftmaxHead, TapasHead
+from lightning_sampled.heads import OneVsEachHead, ProposalHead, SampledSoftmaxHead, TapasHead
 from lightning_sampled.samplers import (
     LogUniformSampler,
     MIDXSampler,
@@ -211,10 +211,10 @@ def time_sequence_heads(args: argparse.Namespace, rows: list[dict]) -> None:
     table = torch.randn(n, args.dim, generator=gen) * args.dim**-0.5
     z = torch.randn(SEQ_QUERIES, args.dim, generator=gen)
     y = torch.randint(n, (SEQ_QUERIES,), generator=gen)
-    heads: dict[tuple[str, int | str], SampledSoftmaxHead] = {
+    heads: dict[tuple[str, int | str], ProposalHead] = {
         ("uniform", ""): SampledSoftmaxHead(n, args.dim, UniformSampler(n), SEQ_NEGATIVES),
         ("ove_uniform", ""): OneVsEachHead(n, args.dim, UniformSampler(n), SEQ_NEGATIVES),
-        ("tapas_uniform_r2", ""): TapasHead(n, args.dim, SEQ_NEGATIVES, presample_factor=2),
+        ("tapas_uniform_r2", ""): TapasHead(n, args.dim, None, SEQ_NEGATIVES, presample_factor=2),
     }
     for k in args.seq_codebook_sizes:
         for quantizer in ("pq", "rq"):

@@ -90,7 +90,13 @@ def make_head(run: Run, counts: Tensor, temperature: float) -> OutputHead:
         )
     else:
         head = TapasHead(
-            NUM_CLASSES, DIM, run.n, run.r, temperature, UnigramSampler(counts), bias=True
+            NUM_CLASSES,
+            DIM,
+            UnigramSampler(counts),
+            run.n,
+            presample_factor=run.r,
+            selection_temperature=temperature,
+            bias=True,
         )
     with torch.no_grad():
         head.weight.zero_()

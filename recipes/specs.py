@@ -22,16 +22,13 @@ from typing import Protocol
 
 from torch import Tensor, nn
 
-from lightning_sampled.heads import OutputHead
+from lightning_sampled.heads import OutputHead, ProposalHead
 from lightning_sampled.samplers import MixtureSampler, Sampler
-
-# Where a head takes its proposal: TAPAS' first pass is its presampler, CANE's noise_sampler.
-SAMPLER_ARGUMENTS = ("sampler", "presampler", "noise_sampler")
 
 
 class HeadFactory(Protocol):
-    """A head class (or partial) called as ``factory(num_classes, dim, weight=, padding_idx=,
-    sampler= | presampler= | noise_sampler=)``; a config gives every other argument."""
+    """A head class (or partial) called as ``factory(num_classes, dim, weight=, padding_idx=[,
+    sampler=])``; a config gives every other argument."""
 
     def __call__(
         self,
@@ -42,8 +39,6 @@ class HeadFactory(Protocol):
         weight: nn.Parameter | None,
         padding_idx: int | None,
         sampler: Sampler | None,
-        presampler: Sampler | None,
-        noise_sampler: Sampler | None,
     ) -> OutputHead: ...
 
 
@@ -115,8 +110,8 @@ def build_head(
     sampler: Sampler | None = None,
 ) -> OutputHead:
     """A head from its factory with ``num_classes``, ``dim``, the tied ``weight`` and
-    ``padding_idx`` injected; ``sampler`` goes to the head's argument of
-    :data:`SAMPLER_ARGUMENTS` (``sampler``; TAPAS ``presampler``, CANE ``noise_sampler``).
+    ``padding_idx`` injected; ``sampler`` goes to the head's ``sampler`` (every
+    :class:`~lightning_sampled.heads.ProposalHead` takes one).
 
     Raises:
         ValueError: a sampler given to a head that takes none.
@@ -124,11 +119,9 @@ def build_head(
     kwargs = {"weight": weight, "padding_idx": padding_idx}
     if sampler is not None:
         cls = factory_class(factory)
-        params = inspect.signature(cls).parameters
-        names = [name for name in SAMPLER_ARGUMENTS if name in params]
-        if not names:
+        if not issubclass(cls, ProposalHead):
             raise ValueError(f"{cls.__name__} takes no sampler; remove the sampler from the config")
-        kwargs[names[0]] = sampler
+        kwargs["sampler"] = sampler
     return factory(num_classes, dim, **kwargs)
 
 

@@ -1,7 +1,8 @@
 """``SamplerDiagnostics``: how far each sampler's proposal is from the softmax it stands in for.
 
 Every ``every_n_epochs`` epochs (at the end of the training epoch), for every head in the model
-that has a ``sampler`` (e.g. :class:`~lightning_sampled.heads.SampledSoftmaxHead`), the callback
+that draws from a proposal (:class:`~lightning_sampled.protocols.HasProposal`: every
+:class:`~lightning_sampled.heads.ProposalHead`, CANE's noise proposal included), the callback
 
 - computes, on a fixed batch of queries, the exact softmax ``p`` of the head and the sampler's
   proposal ``q`` over all ``N`` classes, and logs ``sampler_diagnostics/<head path>/kl``, the mean
@@ -14,13 +15,15 @@ that has a ``sampler`` (e.g. :class:`~lightning_sampled.heads.SampledSoftmaxHead
   whose ``experiment`` has ``add_figure`` (``TensorBoardLogger``).
 
 After every training batch it also logs ``sampler_diagnostics/<head path>/coverage`` (the epoch
-mean) for every head with a ``last_coverage`` (e.g. :class:`~lightning_sampled.heads.CaneHead`:
-the share of the batch's targets among the candidates, the paper's Table 3).
+mean) for every head that :class:`~lightning_sampled.protocols.ReportsCoverage` (e.g.
+:class:`~lightning_sampled.heads.CaneHead`: the share of the batch's targets among the
+candidates, the paper's Table 3).
 
 Queries: the callback needs query vectors ``z`` ``[B, D]`` for the heads. Either pass
 ``queries=fn`` with ``fn(pl_module)`` returning them, or implement ``diagnostic_queries(self)`` on
-the LightningModule. Either returns a tensor ``[B, D]`` (used for every head) or a mapping from head
-path (as in ``named_modules()``) to ``[B, D]``. It is called in eval mode under ``no_grad``; use a
+the LightningModule (:class:`~lightning_sampled.protocols.DiagnosticQueries`). Either returns a
+tensor ``[B, D]`` (used for every head) or a mapping from head path (as in ``named_modules()``)
+to ``[B, D]``. It is called in eval mode under ``no_grad``; use a
 fixed batch of inputs (e.g. the first validation batch, stored once) so that epochs compare. At most
 ``num_queries`` rows are used.
 
@@ -41,7 +44,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from .._validation import check_positive_int
-from ..heads import OutputHead
+from ..protocols import DiagnosticQueries, HasProposal, ReportsCoverage
 from ..samplers import Sampler
 
 QueryFn = Callable[[pl.LightningModule], "Tensor | Mapping[str, Tensor]"]
@@ -64,7 +67,7 @@ class ProposalReport(NamedTuple):
 
 
 @torch.no_grad()
-def proposal_report(head: OutputHead, sampler: Sampler, z: Tensor) -> ProposalReport:
+def proposal_report(head: HasProposal, sampler: Sampler, z: Tensor) -> ProposalReport:
     """Compares ``sampler`` with ``head``'s exact softmax on queries ``z`` ``[B, D]``.
 
     Works in chunks of queries: memory ``O(chunk x N)``.
@@ -149,8 +152,7 @@ class SamplerDiagnostics(Callback):
         heads = [
             (name, module)
             for name, module in pl_module.named_modules()
-            if isinstance(module, OutputHead)
-            and isinstance(getattr(module, "sampler", None), Sampler)
+            if isinstance(module, HasProposal) and isinstance(module.sampler, Sampler)
         ]
         if not heads:
             return
@@ -179,18 +181,17 @@ class SamplerDiagnostics(Callback):
         batch_idx: int,
     ) -> None:
         for name, module in pl_module.named_modules():
-            coverage = getattr(module, "last_coverage", None)
-            if isinstance(module, OutputHead) and coverage is not None:
+            if isinstance(module, ReportsCoverage) and module.last_coverage is not None:
                 pl_module.log(
                     f"sampler_diagnostics/{name or 'head'}/coverage",
-                    coverage,
+                    module.last_coverage,
                     on_step=False,
                     on_epoch=True,
                     batch_size=1,
                 )
 
     def _queries(self, pl_module: pl.LightningModule) -> Tensor | Mapping[str, Tensor]:
-        if self.queries is None and not callable(getattr(pl_module, "diagnostic_queries", None)):
+        if self.queries is None and not isinstance(pl_module, DiagnosticQueries):
             raise RuntimeError(
                 "SamplerDiagnostics needs queries: pass queries=fn(pl_module) or implement "
                 "diagnostic_queries(self) on the LightningModule, returning [B, D] query "

@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from ..protocols import IndexStats, Refreshable
 from ..samplers import Sampler
 
 
@@ -140,7 +141,7 @@ class IndexRefresh(Callback):
         stats = {
             f"{name}/{key}": value
             for name, module in root.named_modules()
-            if callable(getattr(module, "index_stats", None))
+            if isinstance(module, IndexStats)
             for key, value in module.index_stats().items()
         }
         return time.perf_counter() - start, stats
@@ -159,13 +160,14 @@ class IndexRefresh(Callback):
 
 
 def refresh_targets(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The outermost submodules of ``root`` (``root`` included) with a ``refresh_index()``.
+    """The outermost :class:`~lightning_sampled.protocols.Refreshable` submodules of ``root``
+    (``root`` included).
 
     A module nested inside one already found is left to its parent's ``refresh_index()``.
     """
     found: list[tuple[str, nn.Module]] = []
     for name, module in root.named_modules():
-        if not callable(getattr(module, "refresh_index", None)):
+        if not isinstance(module, Refreshable):
             continue
         if any(name.startswith(f"{outer}.") or outer == "" for outer, _ in found):
             continue

@@ -1,4 +1,5 @@
-"""``TemperatureSchedule``: anneal a module attribute (TAPAS' ``temperature`` by default)."""
+"""``TemperatureSchedule``: anneal a float that a module declares schedulable (a head's logit
+``temperature``, TAPAS' ``selection_temperature``), named explicitly."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from .._validation import check_finite_number
+from ..protocols import Schedulable
 
 SCHEDULES = ("constant", "linear", "exponential", "cosine")
 INTERVALS = ("step", "epoch")
@@ -37,6 +39,11 @@ def schedule_value(schedule: str, start: float, end: float, progress: float) -> 
 class TemperatureSchedule(pl.Callback):
     """Sets ``attribute`` of the matching submodules to a scheduled value and logs it.
 
+    The submodules are those that declare ``attribute`` in their ``schedulable`` names
+    (:class:`~lightning_sampled.protocols.Schedulable`): every head declares ``"temperature"``
+    (its logits' temperature), :class:`~lightning_sampled.heads.TapasHead` also
+    ``"selection_temperature"`` (the second pass' ``tau``, which the paper lowers).
+
     The clock is the trainer's: ``trainer.global_step`` (optimizer steps) for ``interval="step"``,
     applied before every training batch, or ``trainer.current_epoch`` for ``interval="epoch"``,
     applied at the start of every training epoch. At clock ``t`` the value is
@@ -52,7 +59,9 @@ class TemperatureSchedule(pl.Callback):
     the schedule was changed.
 
     Args:
-        attribute: the attribute to set, e.g. ``"temperature"`` of :class:`TapasHead`.
+        attribute: the attribute to set, e.g. ``"selection_temperature"`` of
+            :class:`~lightning_sampled.heads.TapasHead`; required, since every head has a
+            ``"temperature"`` and annealing the wrong one changes the model silently.
         start: the value at clock 0.
         end: the value at clock ``total`` (required unless ``schedule="constant"``).
         schedule: ``"constant"``, ``"linear"``, ``"exponential"`` (both ends positive) or
@@ -60,12 +69,12 @@ class TemperatureSchedule(pl.Callback):
         interval: ``"step"`` or ``"epoch"``.
         total: steps or epochs from ``start`` to ``end`` (required unless constant).
         module_path: dotted path of the one submodule to set (``pl_module.get_submodule``); when
-            ``None``, every submodule that has ``attribute`` (at least one must).
+            ``None``, every submodule that declares ``attribute`` (at least one must).
     """
 
     def __init__(
         self,
-        attribute: str = "temperature",
+        attribute: str,
         *,
         start: float,
         end: float | None = None,
@@ -124,22 +133,27 @@ class TemperatureSchedule(pl.Callback):
         return schedule_value(self.schedule, self.start, self.end, progress)
 
     def targets(self, pl_module: pl.LightningModule) -> list[nn.Module]:
-        """The modules whose ``attribute`` is set."""
+        """The modules whose ``attribute`` is set: those that declare it schedulable."""
         if self.module_path is not None:
             module = pl_module.get_submodule(self.module_path)
-            if not hasattr(module, self.attribute):
+            if not self._declares(module):
+                declared = module.schedulable if isinstance(module, Schedulable) else ()
                 raise ValueError(
-                    f"module {self.module_path!r} ({type(module).__name__}) has no attribute "
-                    f"{self.attribute!r}"
+                    f"module {self.module_path!r} ({type(module).__name__}) does not declare "
+                    f"{self.attribute!r} schedulable (it declares {declared})"
                 )
             return [module]
-        found = [m for m in pl_module.modules() if hasattr(m, self.attribute)]
+        found = [m for m in pl_module.modules() if self._declares(m)]
         if not found:
             raise ValueError(
-                f"no submodule of {type(pl_module).__name__} has an attribute {self.attribute!r}; "
-                f"pass module_path or check the attribute name"
+                f"no submodule of {type(pl_module).__name__} declares {self.attribute!r} "
+                f"schedulable (a module's `schedulable` names); pass module_path or check the "
+                f"attribute name"
             )
         return found
+
+    def _declares(self, module: nn.Module) -> bool:
+        return isinstance(module, Schedulable) and self.attribute in module.schedulable
 
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
         clock = trainer.global_step if self.interval == "step" else trainer.current_epoch

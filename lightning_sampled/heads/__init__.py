@@ -5,8 +5,9 @@ from .base import OutputHead
 from .cane import CaneHead
 from .full import FullSoftmaxHead
 from .ove import OneVsEachHead
+from .proposal import ProposalHead
 from .sampled import SampledSoftmaxHead
 from .tapas import TapasHead, TapasSelection
 
-__all__ = ["FullSoftmaxHead", "OutputHead", "SampledSoftmaxHead"]
+__all__ = ["FullSoftmaxHead", "OutputHead", "ProposalHead", "SampledSoftmaxHead"]
 __all__ += ["CaneHead", "OneVsEachHead", "TapasHead", "TapasSelection"]

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._deprecation import renamed_attribute
 from .._validation import (
     check_class_ids,
-    check_finite,
     check_finite_number,
     check_int,
     check_padding_idx,
@@ -18,7 +19,6 @@ from .._validation import (
 )
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
 from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
-from ..samplers import Sampler, UniformSampler
 from .chunked import (
     chunk_logits,
     chunked_nll,
@@ -31,6 +31,7 @@ from .chunked import (
     unit_rows,
     widened,
 )
+from .inputs import check_k, check_queries, position_weights, scored_positions, weighted_mean
 
 
 class OutputHead(nn.Module):
@@ -81,7 +82,7 @@ class OutputHead(nn.Module):
         chunk_size: classes per chunk in the exact methods; by default as many as keep one
             ``[T, C]`` block of logits within 2^24 elements (64 MiB), at least 1024.
         temperature: ``> 0``; the query is divided by it (so are the logits, but not the bias).
-            Settable later as :attr:`logit_temperature` (e.g. by ``TemperatureSchedule``).
+            Settable later as :attr:`temperature` (e.g. by ``TemperatureSchedule``).
         normalize: score the cosine of the query and the class vector (both L2-normalised).
         label_smoothing: in ``[0, 1)``; only heads whose objective is the full softmax
             (:class:`~lightning_sampled.heads.FullSoftmaxHead`) accept a value other than 0.
@@ -89,8 +90,8 @@ class OutputHead(nn.Module):
 
     #: whether the training objective implements ``label_smoothing`` (only the full softmax does)
     supports_label_smoothing: bool = False
-    #: the constructor argument that sets :attr:`logit_temperature` (for ``repr``)
-    temperature_argument: str = "temperature"
+    #: the attributes that a callback may set during training (``TemperatureSchedule``)
+    schedulable: ClassVar[tuple[str, ...]] = ("temperature",)
 
     def __init__(
         self,
@@ -132,7 +133,7 @@ class OutputHead(nn.Module):
             )
         self.weight = weight
         self.bias = make_bias(bias, num_classes)
-        self.logit_temperature = temperature
+        self.temperature = temperature
         if not isinstance(normalize, bool):
             raise ValueError(f"normalize must be a bool, got {normalize!r}")
         self.normalize = normalize
@@ -147,24 +148,15 @@ class OutputHead(nn.Module):
         self._sparse_grad = False
 
     @property
-    def logit_temperature(self) -> float:
-        """The temperature of the logits, ``> 0`` and finite (see the class docstring)."""
-        return self._logit_temperature
-
-    @logit_temperature.setter
-    def logit_temperature(self, value: float) -> None:
-        self._logit_temperature = check_finite_number(
-            self.temperature_argument, value, minimum=0.0, strict=True
-        )
-
-    @property
     def temperature(self) -> float:
-        """The ``temperature`` argument: :attr:`logit_temperature`."""
-        return self.logit_temperature
+        """The temperature of the logits, ``> 0`` and finite (see the class docstring)."""
+        return self._temperature
 
     @temperature.setter
     def temperature(self, value: float) -> None:
-        self.logit_temperature = value
+        self._temperature = check_finite_number("temperature", value, minimum=0.0, strict=True)
+
+    logit_temperature = renamed_attribute("logit_temperature", "temperature")
 
     @property
     def sparse_grad(self) -> bool:
@@ -187,102 +179,42 @@ class OutputHead(nn.Module):
     # -- input handling -------------------------------------------------------------------------
 
     def _check_z(self, z: Tensor) -> None:
-        if not z.is_floating_point():
-            raise ValueError(f"z must be a floating-point tensor, got dtype {z.dtype}")
-        if z.dim() < 1 or z.shape[-1] != self.dim:
-            raise ValueError(
-                f"z must have shape [..., {self.dim}] to match the class table "
-                f"[{self.num_classes}, {self.dim}], got {tuple(z.shape)}"
-            )
-        check_finite("z", z)
+        check_queries(z, self.num_classes, self.dim)
 
     def _check_k(self, k: int) -> None:
-        check_positive_int("k", k)
-        if k > self.num_classes:
-            raise ValueError(f"k must be <= num_classes={self.num_classes}, got {k}")
+        check_k(k, self.num_classes)
 
     def _valid_rows(
         self, z: Tensor, target: Tensor, *, static: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Validates ``z`` ``[..., D]`` and ``target`` ``[...]`` and keeps the scored positions.
-
-        With ``static`` under ``torch.compile``, every position is kept instead (``T`` is then
-        ``target.numel()``), so that no shape depends on the data and nothing breaks the graph:
-        ignored positions get a stand-in target (class 0, or 1 when 0 is ``padding_idx``), and
-        the caller must weight them 0 (:meth:`_valid_weights` with ``static``).
+        """Validates ``z`` ``[..., D]`` and ``target`` ``[...]`` and keeps the scored positions
+        (all of them, ignored ones with a stand-in target, with ``static`` under
+        ``torch.compile``: :func:`~lightning_sampled.heads.inputs.scored_positions`).
 
         Returns:
             ``(queries [T, D], target_valid [T], mask [...])`` where ``mask`` marks the positions
             whose target is not ``ignore_index`` and ``queries`` are those positions' ``z`` as
             the head scores them (:meth:`score_queries`).
         """
-        self._check_z(z)
-        if tuple(target.shape) != tuple(z.shape[:-1]):
-            raise ValueError(
-                f"target must have shape {tuple(z.shape[:-1])} (z without its last dim), "
-                f"got {tuple(target.shape)}"
-            )
-        check_class_ids(
-            "target",
+        kept = scored_positions(
+            z,
             target,
             self.num_classes,
+            self.dim,
             ignore_index=self.ignore_index,
             padding_idx=self.padding_idx,
+            static=static,
         )
-        mask = target != self.ignore_index
-        if static and torch.compiler.is_compiling():
-            stand_in = int(self.padding_idx == 0)
-            kept = target.long().where(mask, stand_in).reshape(-1)
-            return self.score_queries(z.reshape(-1, self.dim)), kept, mask
-        return self.score_queries(z[mask]), target[mask].long(), mask
+        return self.score_queries(kept.z), kept.target, kept.mask
 
     def _valid_weights(
         self, sample_weight: Tensor | None, target: Tensor, mask: Tensor, *, static: bool = False
     ) -> Tensor | None:
-        """Validates ``sample_weight`` ``[...]`` (the shape of ``target``) and keeps the scored
-        positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given.
-
-        With ``static`` under ``torch.compile`` (the rows of :meth:`_valid_rows` with ``static``):
-        fp32 ``[target.numel()]`` weights, 0 at the ignored positions, also without
-        ``sample_weight``; their checks are ``torch._assert_async`` calls (``RuntimeError``).
-        """
-        static = static and torch.compiler.is_compiling()
-        if sample_weight is None:
-            return mask.reshape(-1).float() if static else None
-        if not isinstance(sample_weight, Tensor) or sample_weight.shape != target.shape:
-            shape = (
-                tuple(sample_weight.shape)
-                if isinstance(sample_weight, Tensor)
-                else type(sample_weight).__name__
-            )
-            raise ValueError(
-                f"sample_weight must be a tensor of shape {tuple(target.shape)} (that of "
-                f"target), got {shape}"
-            )
-        if sample_weight.dtype == torch.bool or sample_weight.is_complex():
-            raise ValueError(f"sample_weight must be real numbers, got dtype {sample_weight.dtype}")
-        weights = sample_weight.float()
-        check_finite("sample_weight", weights)
-        if static:
-            torch._assert_async((weights >= 0).all(), "sample_weight must be non-negative")
-            weights = (weights * mask).reshape(-1)
-            torch._assert_async(
-                (weights > 0).any() | ~mask.any(),
-                "sample_weight is 0 at all scored positions: the weighted mean is undefined",
-            )
-            return weights
-        if bool((weights < 0).any()):
-            raise ValueError(
-                f"sample_weight must be non-negative, got {float(weights.min()):g} (shape "
-                f"{tuple(weights.shape)})"
-            )
-        weights = weights[mask]
-        if weights.numel() and not bool((weights > 0).any()):
-            raise ValueError(
-                f"sample_weight is 0 at all {weights.numel()} scored positions (targets other "
-                f"than ignore_index={self.ignore_index}): the weighted mean is undefined"
-            )
-        return weights
+        """``sample_weight`` ``[...]`` of the positions ``mask`` kept by :meth:`_valid_rows`:
+        fp32 ``[T]`` or ``None`` (:func:`~lightning_sampled.heads.inputs.position_weights`)."""
+        return position_weights(
+            sample_weight, target, mask, ignore_index=self.ignore_index, static=static
+        )
 
     def score_queries(self, z: Tensor) -> Tensor:
         """Queries ``[..., D]`` as this head scores them: ``normalize(z) / temperature``.
@@ -293,8 +225,8 @@ class OutputHead(nn.Module):
         """
         if self.normalize:
             z = unit_rows(z)
-        if self.logit_temperature != 1.0:
-            z = widened(z) / self.logit_temperature
+        if self.temperature != 1.0:
+            z = widened(z) / self.temperature
         return z
 
     def chunk_for(self, num_rows: int) -> int:
@@ -498,7 +430,7 @@ class OutputHead(nn.Module):
 
         With probability ``>= 1 - delta`` per query the classes are the exact top-``k`` of
         ``softmax(logits / temperature)`` and each probability is within ``(1 +- eps)``, where
-        ``logits`` are the head's (so ``z`` is divided by :attr:`logit_temperature` first, and
+        ``logits`` are the head's (so ``z`` is divided by :attr:`temperature` first, and
         ``temperature`` here is a further one of this call). Not available with
         ``normalize=True`` (``ValueError``): AdaptiveSoftmax reads the raw class table.
         The bias is added exactly; ``padding_idx`` is never returned. The
@@ -557,7 +489,7 @@ class OutputHead(nn.Module):
         return (
             f"num_classes={self.num_classes}, dim={self.dim}, bias={self.bias is not None}, "
             f"padding_idx={self.padding_idx}, ignore_index={self.ignore_index}, "
-            f"{self.temperature_argument}={self.logit_temperature:g}, normalize={self.normalize}, "
+            f"temperature={self.temperature:g}, normalize={self.normalize}, "
             f"label_smoothing={self.label_smoothing:g}"
         )
 
@@ -583,40 +515,3 @@ def check_label_smoothing(value: float) -> float:
     if bad or not 0.0 <= value < 1.0:
         raise ValueError(f"label_smoothing must be a number in [0, 1), got {value!r}")
     return float(value)
-
-
-def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
-    """``mean(losses)``, or ``sum(weights * losses) / sum(weights)``; ``losses`` and ``weights``
-    are ``[T]``. Under ``torch.compile`` weights that are all 0 (every position ignored, see
-    ``OutputHead._valid_rows`` with ``static``) give 0, as eager heads do, not ``0 / 0``."""
-    if weights is None:
-        return losses.mean()
-    total = weights.sum()
-    if torch.compiler.is_compiling():
-        total = torch.where(total > 0, total, 1.0)
-    return (losses * weights).sum() / total
-
-
-def checked_sampler(
-    name: str, sampler: Sampler | None, num_classes: int, padding_idx: int | None
-) -> Sampler:
-    """The proposal a head draws from: ``sampler`` checked against the head's ``num_classes``
-    and ``padding_idx``, or a :class:`~lightning_sampled.samplers.UniformSampler` when ``None``.
-
-    Raises:
-        ValueError: naming the argument ``name``, if ``sampler`` is not a ``Sampler`` or covers
-            other classes or another padding class.
-    """
-    if sampler is None:
-        return UniformSampler(num_classes, padding_idx=padding_idx)
-    if not isinstance(sampler, Sampler):
-        raise ValueError(f"{name} must be a Sampler, got {type(sampler).__name__}")
-    if sampler.num_classes != num_classes:
-        raise ValueError(
-            f"{name}.num_classes={sampler.num_classes} does not match num_classes={num_classes}"
-        )
-    if sampler.padding_idx != padding_idx:
-        raise ValueError(
-            f"{name}.padding_idx={sampler.padding_idx} does not match padding_idx={padding_idx}"
-        )
-    return sampler

@@ -28,17 +28,18 @@ Two parameterisations of the class scores ``s_k = z . v_k + b_k``:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._deprecation import renamed_attribute, take_renamed
+from .._random import rank_generator
 from .._validation import check_int, check_positive_int
 from ..index.tree import ClassTree, beam_search
 from ..samplers import Sampler, UniformSampler
-from ..samplers.base import rank_generator
-from .base import OutputHead, checked_sampler, weighted_mean
+from .proposal import ProposalHead
 
 PARAMETERIZATIONS = ("flat", "path")
 
@@ -148,7 +149,7 @@ def parent_index(num_nodes: int, branching: int, device: torch.device) -> Tensor
     return torch.arange(num_nodes, device=device) // branching
 
 
-class CaneHead(OutputHead):
+class CaneHead(ProposalHead):
     """Candidates vs. noises: beam-search candidates against noises drawn outside them.
 
     See the module docstring for the loss and the two parameterisations. The tree is built at
@@ -158,7 +159,7 @@ class CaneHead(OutputHead):
     restores them. :meth:`beam_topk` predicts by beam search, ``O(J b log_b N)`` per query
     (``J`` the beam width, ``b`` the branching), beside the exact :meth:`topk`.
 
-    Noises come from ``noise_sampler`` restricted to the complement of the candidates,
+    Noises come from ``sampler`` restricted to the complement of the candidates,
     ``q_x(j) = q(j) / (1 - q(C_x))``. For a :class:`UniformSampler` they are drawn directly over
     the complement (``q_x = 1 / (N' - N_c)`` with ``N'`` the classes other than padding). For any
     other sampler each noise takes the first of :data:`REJECTION_ROUNDS` draws that is not a
@@ -176,15 +177,14 @@ class CaneHead(OutputHead):
             ``N_c``). With ``padding_idx`` a width of at least 2 is used, which keeps the
             padding class (scored ``-inf``) out of the candidates.
         parameterization: ``"flat"`` or ``"path"`` (module docstring).
-        noise_sampler: the noise proposal ``q``; a :class:`UniformSampler` when ``None``. Its
-            ``num_classes`` and ``padding_idx`` must match the head's. Rebuilt with the tree
-            (``refresh``) from the class vectors.
-        sparse_grad: make ``weight``'s gradient row-sparse, as in
-            :class:`~lightning_sampled.heads.SampledSoftmaxHead` (the ``path`` edges stay dense).
+        sampler: the noise proposal ``q`` (:class:`ProposalHead`); uniform when ``None``.
+            Rebuilt with the tree (``refresh``) from the class vectors.
         seed: seed of the tree's k-means.
-        **kwargs: ``weight`` (``"flat"`` only), ``bias``, ``padding_idx``, ``ignore_index``,
-            ``chunk_size``, ``temperature``, ``normalize`` (``False`` only) and
-            ``label_smoothing`` (0 only) of :class:`OutputHead`.
+        **options: ``sparse_grad`` of :class:`ProposalHead` (``weight``'s gradient; the
+            ``path`` edges stay dense); ``weight`` (``"flat"`` only), ``bias``, ``padding_idx``,
+            ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize`` (``False`` only)
+            and ``label_smoothing`` (0 only) of :class:`OutputHead`. Old name, with a
+            ``FutureWarning``: ``noise_sampler`` (``sampler``).
     """
 
     def __init__(
@@ -196,44 +196,27 @@ class CaneHead(OutputHead):
         branching: int = 10,
         beam: int | None = None,
         parameterization: str = "flat",
-        noise_sampler: Sampler | None = None,
+        sampler: Sampler | None = None,
         *,
-        sparse_grad: bool = False,
         seed: int = 0,
-        weight: nn.Parameter | None = None,
-        bias: bool | nn.Parameter = False,
-        padding_idx: int | None = None,
-        ignore_index: int = -100,
-        chunk_size: int | None = None,
-        temperature: float = 1.0,
-        normalize: bool = False,
-        label_smoothing: float = 0.0,
+        **options: Any,
     ) -> None:
-        if normalize is not False:
+        sampler = take_renamed(options, "noise_sampler", "sampler", sampler, owner="CaneHead")
+        if options.get("normalize", False) is not False:
             raise ValueError(
-                f"normalize must be False for CaneHead, got {normalize!r}: the beam search "
-                f"scores raw node vectors and path sums, not cosines"
+                f"normalize must be False for CaneHead, got {options['normalize']!r}: the beam "
+                f"search scores raw node vectors and path sums, not cosines"
             )
         if parameterization not in PARAMETERIZATIONS:
             raise ValueError(
                 f"parameterization must be one of {PARAMETERIZATIONS}, got {parameterization!r}"
             )
-        if parameterization == "path" and weight is not None:
+        if parameterization == "path" and options.get("weight") is not None:
             raise ValueError(
                 "weight cannot be tied with parameterization='path': its weight holds the leaf "
                 "edges, not the class vectors; use parameterization='flat' to tie"
             )
-        super().__init__(
-            num_classes,
-            dim,
-            weight=weight,
-            bias=bias,
-            padding_idx=padding_idx,
-            ignore_index=ignore_index,
-            chunk_size=chunk_size,
-            temperature=temperature,
-            label_smoothing=label_smoothing,
-        )
+        super().__init__(num_classes, dim, sampler, **options)
         self.parameterization = parameterization
         self.branching = check_int("branching", branching)
         if self.branching < 2:
@@ -248,11 +231,7 @@ class CaneHead(OutputHead):
         self.beam = self.num_candidates if beam is None else check_positive_int("beam", beam)
         if self.beam < self.num_candidates:
             raise ValueError(f"beam must be >= num_candidates={num_candidates}, got {beam}")
-        self.noise_sampler = checked_sampler(
-            "noise_sampler", noise_sampler, num_classes, self.padding_idx
-        )
         self.seed = check_int("seed", seed)
-        self.sparse_grad = bool(sparse_grad)
         self.last_coverage: Tensor | None = None
 
         tree = ClassTree.balanced(
@@ -270,6 +249,10 @@ class CaneHead(OutputHead):
         else:
             self.edges = nn.Parameter(vectors)
         self.refresh_index()
+
+    # The coverage counts the scored positions: no stand-in positions under torch.compile.
+    positions_apart = False
+    noise_sampler = renamed_attribute("noise_sampler", "sampler")
 
     # -- construction -----------------------------------------------------------------------------
 
@@ -374,7 +357,7 @@ class CaneHead(OutputHead):
             self.edges.copy_(torch.cat(path_edges(tree, means)))
             ids = torch.arange(self.num_classes, device=table.device)
             self.weight.copy_(table - means[-1].index_select(0, self._leaf_parent(tree, ids)))
-        self.noise_sampler.refresh(table)
+        super().refresh_index()
 
     def _level_vectors(self, tree: ClassTree) -> list[Tensor]:
         """The beam search's per-level vectors: internal levels by node, leaves by class id."""
@@ -464,16 +447,16 @@ class CaneHead(OutputHead):
         allowed = self.num_classes - excluded.shape[1]
         generator = rank_generator(z.device)
         uniform = draw_complement(excluded, self.num_classes, self.num_noise, generator)
-        if isinstance(self.noise_sampler, UniformSampler):
+        if isinstance(self.sampler, UniformSampler):
             log_q = torch.full(uniform.shape, -math.log(allowed), device=z.device)
             return NoiseDraw(uniform, log_q, log_q[:, 0])
-        rounds = self.noise_sampler.sample(z, self.num_noise * REJECTION_ROUNDS).ids
+        rounds = self.sampler.sample(z, self.num_noise * REJECTION_ROUNDS).ids
         rounds = rounds.reshape(z.shape[0], REJECTION_ROUNDS, self.num_noise)
         accepted = ~is_member(rounds.flatten(1).contiguous(), excluded).view_as(rounds)
         first = accepted.byte().argmax(dim=1, keepdim=True)
         chosen = rounds.gather(1, first).squeeze(1)
         ids = torch.where(accepted.any(dim=1), chosen, uniform)
-        log_q = self.noise_sampler.log_prob(z, torch.cat([target[:, None], candidates, ids], 1))
+        log_q = self.sampler.log_prob(z, torch.cat([target[:, None], candidates, ids], 1))
         log_q = log_q.expand(z.shape[0], -1).double()
         log_mass = torch.logsumexp(log_q[:, 1 : 1 + candidates.shape[1]], dim=1, keepdim=True)
         mass = log_mass.exp().clamp(max=1.0)
@@ -485,36 +468,38 @@ class CaneHead(OutputHead):
 
     def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
         """Mean CANE loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
-        ``sample_weight`` ``[...]`` when given; a scalar.
+        ``sample_weight`` ``[...]`` when given; a scalar (:meth:`ProposalHead.forward`).
 
         Sets :attr:`last_coverage` to the fraction of scored positions whose target was a
         candidate (unweighted; a 0-dim tensor, ``None`` when no position is scored).
         """
-        queries, y, mask = self._valid_rows(z, target)
-        weights = self._valid_weights(sample_weight, target, mask)
-        if y.numel() == 0:
-            self.last_coverage = None
-            return z.sum() * 0.0
+        self.last_coverage = None
+        return super().forward(z, target, sample_weight)
+
+    def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
+        """The CANE loss ``[T]`` of each scored position (module docstring); sets
+        :attr:`last_coverage`.
+
+        Args:
+            queries: ``[T, D]`` scored queries.
+            target: long ``[T]`` their targets.
+        """
         candidates = self.candidates(queries)
-        noise = self.draw_noise(queries.detach(), candidates, y)
-        covered = (candidates == y[:, None]).any(dim=1)
+        noise = self.draw_noise(queries.detach(), candidates, target)
+        covered = (candidates == target[:, None]).any(dim=1)
         ids = torch.cat([candidates, noise.ids], dim=1)
-        target_logits, others = self.target_and_candidate_logits(queries, y, ids)
+        target_logits, others = self.target_and_candidate_logits(queries, target, ids)
         candidate_logits, noise_logits = others.split([self.num_candidates, self.num_noise], dim=1)
-        losses = cane_loss(
+        self.last_coverage = covered.float().mean()
+        return cane_loss(
             target_logits, candidate_logits, noise_logits, noise.log_q, noise.target_log_q, covered
         )
-        self.last_coverage = covered.float().mean()
-        loss = weighted_mean(losses, weights)
-        if self.noise_sampler.learns:
-            loss = loss + self.noise_sampler.auxiliary_loss(queries, self.class_table())
-        return loss
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, num_candidates={self.num_candidates}, "
             f"num_noise={self.num_noise}, branching={self.branching}, beam={self.beam}, "
-            f"parameterization={self.parameterization!r}, sparse_grad={self.sparse_grad}"
+            f"parameterization={self.parameterization!r}"
         )
 
 

@@ -11,19 +11,21 @@ other than the target (Eq. 15) on top of subsampling the data.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from .._class_ids import padding_to_rank, skip_padding
+from .._random import rank_generator
+from .._validation import check_positive_int
 from ..samplers import Sampler
-from ..samplers.base import padding_to_rank, rank_generator, skip_padding
-from .base import OutputHead, weighted_mean
 from .chunked import class_chunks
-from .sampled import SampledSoftmaxHead
+from .proposal import ProposalHead
 
 
-class OneVsEachHead(SampledSoftmaxHead):
+class OneVsEachHead(ProposalHead):
     """The One-vs-Each bound, estimated from sampled classes: an unbiased estimate of
     ``mean_t B(x_t, y_t)`` with ``B(x, y) = sum_{k != y} softplus(f_k - f_y)``.
 
@@ -44,9 +46,8 @@ class OneVsEachHead(SampledSoftmaxHead):
       ``log 2`` per hit.
 
     The gradient is the unbiased estimate of Eq. 16. Evaluation (``logits``, ``log_prob``,
-    ``topk``, ``full_loss``) stays exact; :meth:`bound_nll` gives the exact bound. The sampler
-    plumbing (checks, ``refresh_index``) comes from :class:`SampledSoftmaxHead`; the loss does
-    not use its ``sampled_logits``.
+    ``topk``, ``full_loss``) stays exact; :meth:`bound_nll` gives the exact bound. A sampler
+    with parameters (MIDX-Learn) adds its auxiliary loss (:class:`ProposalHead`).
 
     Args:
         num_classes: ``N``.
@@ -59,7 +60,7 @@ class OneVsEachHead(SampledSoftmaxHead):
         replacement: draw with replacement (default). ``False`` is only available for the default
             per-query scheme, needs ``M <= N' - 1``, and costs ``O(T x N)`` per step: meant for
             small ``N`` and diagnostics.
-        **kwargs: ``sparse_grad`` of :class:`SampledSoftmaxHead`; ``weight``, ``bias``,
+        **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only) of :class:`OutputHead`. ``f`` above is the head's
             logit (:meth:`~OutputHead.score_queries`), and the sampler sees the scored queries.
@@ -74,38 +75,19 @@ class OneVsEachHead(SampledSoftmaxHead):
         *,
         shared_negatives: bool = False,
         replacement: bool = True,
-        sparse_grad: bool = False,
-        weight: nn.Parameter | None = None,
-        bias: bool | nn.Parameter = False,
-        padding_idx: int | None = None,
-        ignore_index: int = -100,
-        chunk_size: int | None = None,
-        temperature: float = 1.0,
-        normalize: bool = False,
-        label_smoothing: float = 0.0,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            num_classes,
-            dim,
-            sampler,
-            num_negatives,
-            shared_negatives=shared_negatives,
-            sparse_grad=sparse_grad,
-            weight=weight,
-            bias=bias,
-            padding_idx=padding_idx,
-            ignore_index=ignore_index,
-            chunk_size=chunk_size,
-            temperature=temperature,
-            normalize=normalize,
-            label_smoothing=label_smoothing,
-        )
+        super().__init__(num_classes, dim, sampler, **options)
+        if shared_negatives:
+            self.require_query_independent("shared_negatives=True")
+        self.num_negatives = check_positive_int("num_negatives", num_negatives)
+        self.shared_negatives = bool(shared_negatives)
         self.exclude_target = sampler is None and not shared_negatives
         num_others = self.sampler.num_drawable - 1
         if num_others < 1:
             raise ValueError(
                 f"the One-vs-Each bound needs at least 2 drawable classes, got num_classes="
-                f"{num_classes} with padding_idx={padding_idx}"
+                f"{num_classes} with padding_idx={self.padding_idx}"
             )
         self.replacement = bool(replacement)
         if not self.replacement:
@@ -153,23 +135,16 @@ class OneVsEachHead(SampledSoftmaxHead):
         log_w = (-(math.log(m) + sample.log_q.float())).expand(num_rows, -1)
         return sample.ids, log_w.masked_fill(sample.ids == target[:, None], -math.inf)
 
-    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
-        """Mean over scored positions of the unbiased estimate of ``B(x, y)``; a scalar.
+    def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
+        """The unbiased estimate of ``B(x, y)`` of each scored position: fp32 ``[T]``.
 
         Args:
-            z: ``[..., D]`` queries.
-            target: long ``[...]`` targets (``ignore_index`` positions are skipped).
-            sample_weight: optional non-negative ``[...]``; the mean is then
-                ``sum(w * B) / sum(w)`` over the scored positions.
+            queries: ``[T, D]`` scored queries.
+            target: long ``[T]`` their targets.
         """
-        queries, y, mask = self._valid_rows(z, target)
-        weights = self._valid_weights(sample_weight, target, mask)
-        if y.numel() == 0:
-            return z.sum() * 0.0
-        ids, log_w = self.draw(queries, y)
-        pos, neg = self.target_and_candidate_logits(queries, y, ids)
-        pos = pos[:, None]
-        return weighted_mean((F.softplus(neg - pos) * log_w.exp()).sum(dim=1), weights)
+        ids, log_w = self.draw(queries, target)
+        pos, neg = self.target_and_candidate_logits(queries, target, ids)
+        return (F.softplus(neg - pos[:, None]) * log_w.exp()).sum(dim=1)
 
     def bound_nll(self, z: Tensor, target: Tensor) -> Tensor:
         """The exact negative log One-vs-Each bound ``B(x, y)`` over all classes, in class chunks.
@@ -202,7 +177,7 @@ class OneVsEachHead(SampledSoftmaxHead):
 
     def extra_repr(self) -> str:
         return (
-            f"{OutputHead.extra_repr(self)}, num_negatives={self.num_negatives}, "
+            f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
             f"shared_negatives={self.shared_negatives}, exclude_target={self.exclude_target}, "
             f"replacement={self.replacement}"
         )

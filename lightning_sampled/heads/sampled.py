@@ -30,17 +30,16 @@ target are accidental hits.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validation import check_int, check_positive_int
 from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
-from .base import OutputHead, checked_sampler, weighted_mean
-from .chunked import scored_rows
 from .in_batch import batch_candidates, in_batch_logits, log_mixture_size
+from .proposal import ProposalHead
 
 CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 
@@ -52,7 +51,7 @@ class BatchProposal(NamedTuple):
     num_draws: int
 
 
-class SampledSoftmaxHead(OutputHead):
+class SampledSoftmaxHead(ProposalHead):
     """Sampled softmax, consistent at any target probability by default.
 
     For each query, ``M`` negatives are drawn from the sampler with replacement, the logits are
@@ -61,14 +60,8 @@ class SampledSoftmaxHead(OutputHead):
     the positive is uncorrected, each negative becomes ``o_j - log(M q_j)`` and accidental hits get
     ``-inf``: the gradient tends to the full-softmax gradient as ``M`` grows, also for likely
     targets. The sampler's :meth:`~Sampler.auxiliary_loss` (non-zero only for samplers that learn,
-    such as MIDX-Learn) is added to the returned loss, unweighted.
-
-    What the sampler sees: its ``sample`` and ``log_prob`` get the scored queries
-    ``normalize(z) / temperature`` (:meth:`~OutputHead.score_queries`, detached), and
-    :meth:`refresh_index` gives its ``refresh`` the class vectors the head scores (unit rows when
-    ``normalize=True``, else ``weight``), both without the bias. A query-dependent proposal such as
-    MIDX thus approximates ``softmax(q . v)``, the head's softmax without its bias, at any
-    temperature and with cosine logits.
+    such as MIDX-Learn) is added to the returned loss, unweighted (:class:`ProposalHead`, which
+    also says what the sampler sees).
 
     Per-position weights: ``forward(z, target, sample_weight)`` is ``sum(w * loss) / sum(w)`` of
     the per-position sampled losses (see :class:`OutputHead`). Label smoothing is refused
@@ -77,8 +70,7 @@ class SampledSoftmaxHead(OutputHead):
     Args:
         num_classes: ``N``.
         dim: ``D``.
-        sampler: the proposal; a :class:`UniformSampler` over the head's classes when ``None``.
-            Its ``num_classes`` and ``padding_idx`` must match the head's.
+        sampler: the proposal (:class:`ProposalHead`); uniform when ``None``.
         num_negatives: ``M``, draws per query (or per batch when shared); ``0`` only with
             ``in_batch_negatives`` (pure in-batch softmax).
         shared_negatives: one set of ``M`` negatives for the whole batch (TensorFlow style: one
@@ -93,20 +85,10 @@ class SampledSoftmaxHead(OutputHead):
             independent draws; positions of one sequence are not quite.
         target_counts: optional ``[N]`` training counts of the targets, fixing ``q_b``.
         frequency_decay: the weight of the newest step in the estimate of ``q_b``.
-        sparse_grad: make the class table's gradient row-sparse (a sparse COO tensor over the
-            ``T + M`` gathered rows), so that a step costs what the touched rows cost instead of
-            allocating and filling a dense ``[N, D]`` gradient. Needs an optimizer that takes
-            sparse gradients (``torch.optim.SGD``, ``SparseAdam``, ``Adagrad``). The exact
-            methods (``full_loss``, ...) still give dense gradients.
-        **kwargs: ``weight``, ``bias``, ``padding_idx``, ``ignore_index``, ``chunk_size``,
-            ``temperature``, ``normalize``, ``label_smoothing`` (0 only) of :class:`OutputHead`.
-            ``normalize=True`` refuses a sampler with parameters (MIDX-Learn): its auxiliary loss
-            trains codewords on the raw class table.
+        **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
+            ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize`` and
+            ``label_smoothing`` (0 only) of :class:`OutputHead`.
     """
-
-    #: whether the negatives of a position depend only on that position (see
-    #: :meth:`_scores_positions_apart`); ``TapasHead``'s second pass scores the whole batch
-    positions_apart: bool = True
 
     def __init__(
         self,
@@ -120,41 +102,11 @@ class SampledSoftmaxHead(OutputHead):
         in_batch_negatives: bool = False,
         target_counts: Tensor | None = None,
         frequency_decay: float = 0.01,
-        sparse_grad: bool = False,
-        weight: nn.Parameter | None = None,
-        bias: bool | nn.Parameter = False,
-        padding_idx: int | None = None,
-        ignore_index: int = -100,
-        chunk_size: int | None = None,
-        temperature: float = 1.0,
-        normalize: bool = False,
-        label_smoothing: float = 0.0,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            num_classes,
-            dim,
-            weight=weight,
-            bias=bias,
-            padding_idx=padding_idx,
-            ignore_index=ignore_index,
-            chunk_size=chunk_size,
-            temperature=temperature,
-            normalize=normalize,
-            label_smoothing=label_smoothing,
-        )
-        sampler = checked_sampler("sampler", sampler, num_classes, self.padding_idx)
-        if shared_negatives and not sampler.query_independent:
-            raise ValueError(
-                f"shared_negatives=True needs a query-independent sampler, "
-                f"got {type(sampler).__name__}"
-            )
-        if normalize and sampler.learns:
-            raise ValueError(
-                f"normalize=True cannot train {type(sampler).__name__}'s parameters: its "
-                f"auxiliary loss reads the raw class table, not the unit rows the head scores; "
-                f"use a sampler without parameters (e.g. MIDXSampler with learnable=False)"
-            )
-        self.sampler = sampler
+        super().__init__(num_classes, dim, sampler, **options)
+        if shared_negatives:
+            self.require_query_independent("shared_negatives=True")
         if not isinstance(in_batch_negatives, bool):
             raise ValueError(f"in_batch_negatives must be a bool, got {in_batch_negatives!r}")
         self.in_batch_negatives = in_batch_negatives
@@ -173,12 +125,6 @@ class SampledSoftmaxHead(OutputHead):
         if convention not in CONVENTIONS:
             raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
         self.convention = convention
-        self.sparse_grad = bool(sparse_grad)
-
-    def refresh_index(self) -> None:
-        """Rebuilds the sampler's index from the class vectors the head scores: the unit rows of
-        the class table when ``normalize``, else the table itself (no-op for static samplers)."""
-        self.sampler.refresh(scored_rows(self.weight.detach(), self.normalize))
 
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
         """Corrected logits ``[T, 1 + C]`` of the scored positions: column 0 is the positive,
@@ -275,33 +221,24 @@ class SampledSoftmaxHead(OutputHead):
         """Whether negatives equal to the target get ``-inf`` (all but ``"corrected_all"``)."""
         return self.convention != "corrected_all"
 
-    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
-        """Mean sampled-softmax loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
-        ``sample_weight`` ``[...]`` when given; a scalar.
+    def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
+        """Cross-entropy ``[T]`` of each positive among the corrected logits of
+        :meth:`sampled_logits`."""
+        return softmax_losses(self.sampled_logits(queries, target))
 
-        Under ``torch.compile`` the ignored positions are weighted 0 instead of dropped (static
-        shapes, see :meth:`~OutputHead._valid_rows`) where :meth:`_scores_positions_apart`.
-        """
-        static = self._scores_positions_apart()
-        queries, y, mask = self._valid_rows(z, target, static=static)
-        weights = self._valid_weights(sample_weight, target, mask, static=static)
-        if y.numel() == 0:
-            return z.sum() * 0.0
-        logits = self.sampled_logits(queries, y)
-        loss = weighted_mean(torch.logsumexp(logits, dim=1) - logits[:, 0], weights)
-        return loss + self.sampler.auxiliary_loss(queries, self.weight)
-
-    def _scores_positions_apart(self) -> bool:
-        """Whether no position's loss depends on another's query or target, so that ignored
-        positions may be kept, weighted 0: not with ``in_batch_negatives`` (their targets would
-        join the candidates), a sampler with parameters (its auxiliary loss would see their
-        queries) or a subclass that sets :attr:`positions_apart` to ``False``."""
-        return self.positions_apart and not self.in_batch_negatives and not self.sampler.learns
+    def scores_positions_apart(self) -> bool:
+        """As :meth:`ProposalHead.scores_positions_apart`, and not with ``in_batch_negatives``
+        (the ignored positions' targets would join the candidates)."""
+        return super().scores_positions_apart() and not self.in_batch_negatives
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
             f"in_batch_negatives={self.in_batch_negatives}, "
-            f"shared_negatives={self.shared_negatives}, "
-            f"convention={self.convention!r}, sparse_grad={self.sparse_grad}"
+            f"shared_negatives={self.shared_negatives}, convention={self.convention!r}"
         )
+
+
+def softmax_losses(logits: Tensor) -> Tensor:
+    """Cross-entropy ``[T]`` of column 0 (the positive) among logits ``[T, 1 + C]``."""
+    return torch.logsumexp(logits, dim=1) - logits[:, 0]

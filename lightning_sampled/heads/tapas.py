@@ -12,15 +12,18 @@ random into ``m`` shards (parameter servers) and each contributes its own top ``
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import warnings
+from typing import Any, NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from .._class_ids import skip_padding
+from .._deprecation import renamed_attribute, take_renamed, warn_renamed
 from .._validation import check_finite_number, check_positive_int
 from ..samplers import Sampler
-from ..samplers.base import skip_padding
-from .sampled import SampledSoftmaxHead
+from .proposal import ProposalHead
+from .sampled import softmax_losses
 
 # The first pass gives up (with an error) after this many draws per drawable class.
 _MAX_DRAWS_PER_CLASS = 16
@@ -151,106 +154,97 @@ def first_k_distinct(uniq: Tensor, inverse: Tensor, k: int) -> FirstPass:
     return FirstPass(uniq[inside], exposures, float(kth) + 1.0)
 
 
-class TapasHead(SampledSoftmaxHead):
+#: TAPAS' corrections for its first pass, by name: whether the negatives are corrected by their
+#: log inclusion probability, and whether negatives equal to a query's target get ``-inf``.
+CONVENTIONS = {
+    "uncorrected": (False, True),
+    "exact_positive": (True, True),
+    "corrected_all": (True, False),
+    "uncorrected_with_hits": (False, False),
+}
+
+
+class TapasHead(ProposalHead):
     """Sampled softmax over ``n`` negatives chosen by TAPAS' two passes, shared by the batch.
 
-    First pass: ``K = min(floor(r n), N')`` distinct classes ``S'`` from ``presampler`` (``N'`` =
+    First pass: ``K = min(floor(r n), N')`` distinct classes ``S'`` from ``sampler`` (``N'`` =
     classes other than ``padding_idx``), drawn without replacement as the paper's subset
     ``S' c [V]`` of size ``min(r n, |V|)`` reads (see :func:`draw_distinct`). Second pass: the
     top ``n`` of ``S'`` by ``log sum_i exp(f_i(c) / tau)`` over the batch's scored queries ``i``
     (a log-sum-exp, so small ``tau`` does not overflow), computed in chunks of ``chunk_size``
-    candidates so that memory is ``[T, chunk_size]``. ``f_i(c) = z_i . w_c + b_c`` is the model's
-    logit (the paper's ``phi(x) . psi(y)`` when ``bias=False``).
+    candidates so that memory is ``[T, chunk_size]``. ``f_i(c) = q_i . v_c + b_c`` is the model's
+    logit (:meth:`~OutputHead.score_queries`; the paper's ``phi(x) . psi(y)`` with the default
+    ``temperature``, ``normalize`` and ``bias``).
 
-    Loss: cross-entropy of the positive among itself and the ``n`` negatives, uncorrected by
-    default as in the paper; negatives equal to a query's target get ``-inf`` for that query.
-    With ``logq_correction=True`` the negatives are corrected by the log inclusion probability of
-    the first pass, ``log(1 - (1 - q_c)^m_c)`` with ``m_c`` the draws of other classes that
-    decide whether ``c`` is in (:class:`FirstPass`: exact Horvitz-Thompson weights, so
-    ``sum_{c in S'} exp(f(c)) / pi_c`` estimates the normaliser without bias), following the
-    library's consistent convention (see :mod:`~lightning_sampled.heads.sampled`): the positive
-    stays uncorrected while accidental hits are removed, and is corrected too when they are kept.
-    The adaptive pass is never corrected.
+    Loss: cross-entropy of the positive among itself and the ``n`` negatives, as ``convention``
+    says (:data:`CONVENTIONS`):
 
-    With ``r = 1`` the second pass keeps all of ``S'`` and the head is a sampled softmax with
-    ``n`` shared negatives drawn without replacement (uncorrected unless asked).
+    - ``"uncorrected"`` (default, the paper's): no correction; negatives equal to a query's target
+      get ``-inf`` for that query.
+    - ``"exact_positive"``: the negatives are corrected by the log inclusion probability of the
+      first pass, ``log(1 - (1 - q_c)^m_c)`` with ``m_c`` the draws of other classes that decide
+      whether ``c`` is in (:class:`FirstPass`: exact Horvitz-Thompson weights, so
+      ``sum_{c in S'} exp(f(c)) / pi_c`` estimates the normaliser without bias); the positive
+      stays uncorrected and accidental hits are removed, the library's consistent convention
+      (:mod:`~lightning_sampled.heads.sampled`).
+    - ``"corrected_all"``: the positive is corrected too and accidental hits are kept.
+    - ``"uncorrected_with_hits"``: no correction, accidental hits kept.
+
+    The adaptive pass is never corrected. With ``r = 1`` the second pass keeps all of ``S'`` and
+    the head is a sampled softmax with ``n`` shared negatives drawn without replacement.
 
     Args:
         num_classes: ``N``.
         dim: ``D``.
+        sampler: the first pass' proposal, query-independent, e.g.
+            ``UnigramSampler(counts, alpha=0.75)``, the paper's squashed unigram; uniform when
+            ``None``. Uncorrected, a skewed proposal pushes the likely classes down as negatives,
+            and an ``S'`` far above the paper's 1% to 10% of the classes makes the second pass
+            the top ``n`` of nearly everything: together they cost more than half the NDCG@10 of
+            uniform negatives on MovieLens-100k (``recipes/results/tapas_ml-100k.md``).
         num_negatives: ``n``, negatives per batch, ``<= N'``.
         presample_factor: ``r >= 1``; the first pass draws ``min(floor(r n), N')`` classes.
-        temperature: ``tau > 0``, settable during training (see ``TemperatureSchedule``).
-        presampler: any query-independent proposal, e.g.
-            ``UnigramSampler(counts, alpha=0.75)``, the paper's squashed unigram; a uniform
-            proposal when ``None``. Uncorrected, a skewed presampler pushes the likely classes
-            down as negatives, and an ``S'`` far above the paper's 1% to 10% of the classes makes
-            the second pass the top ``n`` of nearly everything: together they cost more than
-            half the NDCG@10 of uniform negatives on MovieLens-100k
-            (``recipes/results/tapas_ml-100k.md``).
+        selection_temperature: ``tau > 0`` of the second pass (``None``: 1), settable during
+            training (the paper lowers it: ``TemperatureSchedule(attribute=
+            "selection_temperature")``).
         num_shards: ``m``, Algorithm 2's number of shards; must divide ``n`` (hence ``m <= N'``).
             Classes are assigned to shards by a random balanced partition made at construction
             (a buffer, saved in checkpoints); each shard contributes its top ``n / m`` candidates
             (all of them if it holds fewer).
-        logq_correction: correct the logits for the first pass.
-        remove_accidental_hits: give ``-inf`` to negatives equal to the query's target.
-        logit_temperature: the temperature of the head's logits, the ``temperature`` of
-            :class:`OutputHead` (named apart because ``temperature`` here is the paper's ``tau``
-            of the second pass, which ``TemperatureSchedule`` anneals); ``f`` above is then
-            ``score_queries(z) . v_c + b_c``.
-        **kwargs: ``sparse_grad`` of :class:`SampledSoftmaxHead`; ``weight``, ``bias``,
-            ``padding_idx``, ``ignore_index``, ``chunk_size``, ``normalize``,
-            ``label_smoothing`` (0 only) of :class:`OutputHead` (``chunk_size`` also chunks the
-            second pass).
+        convention: one of :data:`CONVENTIONS` (above).
+        **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
+            ``padding_idx``, ``ignore_index``, ``chunk_size`` (which also chunks the second
+            pass), ``temperature`` (of the logits, as on every head), ``normalize`` and
+            ``label_smoothing`` (0 only) of :class:`OutputHead`. Old names, with a
+            ``FutureWarning``: ``presampler`` (``sampler``), ``logit_temperature``
+            (``temperature``), ``logq_correction`` / ``remove_accidental_hits``
+            (``convention``); and ``temperature`` meant ``tau`` before it meant the logits'
+            temperature: a ``temperature`` other than 1 without ``selection_temperature`` warns.
     """
 
-    temperature_argument = "logit_temperature"
+    schedulable = ("temperature", "selection_temperature")
     positions_apart = False  # the second pass ranks candidates by the whole batch's queries
 
     def __init__(
         self,
         num_classes: int,
         dim: int,
+        sampler: Sampler | None = None,
         num_negatives: int = 100,
-        presample_factor: float = 8,
-        temperature: float = 1.0,
-        presampler: Sampler | None = None,
         *,
+        presample_factor: float = 8,
+        selection_temperature: float | None = None,
         num_shards: int = 1,
-        logq_correction: bool = False,
-        remove_accidental_hits: bool = True,
-        sparse_grad: bool = False,
-        weight: nn.Parameter | None = None,
-        bias: bool | nn.Parameter = False,
-        padding_idx: int | None = None,
-        ignore_index: int = -100,
-        chunk_size: int | None = None,
-        logit_temperature: float = 1.0,
-        normalize: bool = False,
-        label_smoothing: float = 0.0,
+        convention: str = "uncorrected",
+        **options: Any,
     ) -> None:
-        if isinstance(presampler, Sampler) and not presampler.query_independent:
-            raise ValueError(
-                f"presampler must be query-independent (the first pass is shared by the batch), "
-                f"got {type(presampler).__name__}"
-            )
-        super().__init__(
-            num_classes,
-            dim,
-            presampler,
-            num_negatives,
-            shared_negatives=True,
-            sparse_grad=sparse_grad,
-            weight=weight,
-            bias=bias,
-            padding_idx=padding_idx,
-            ignore_index=ignore_index,
-            chunk_size=chunk_size,
-            temperature=logit_temperature,
-            normalize=normalize,
-            label_smoothing=label_smoothing,
-        )
+        sampler = take_renamed(options, "presampler", "sampler", sampler, owner="TapasHead")
+        selection_temperature = _old_temperatures(options, selection_temperature)
+        convention = _old_corrections(options, convention)
+        super().__init__(num_classes, dim, sampler, **options)
+        self.require_query_independent("TapasHead (the first pass is shared by the batch)")
         drawable = self.sampler.num_drawable
+        self.num_negatives = check_positive_int("num_negatives", num_negatives)
         if num_negatives > drawable:
             raise ValueError(
                 f"num_negatives must be <= {drawable} (the drawable classes), got {num_negatives}"
@@ -259,7 +253,7 @@ class TapasHead(SampledSoftmaxHead):
             "presample_factor", presample_factor, minimum=1.0, strict=False
         )
         self.num_candidates = min(math.floor(presample_factor * num_negatives), drawable)
-        self.temperature = temperature
+        self.selection_temperature = selection_temperature
         self.num_shards = check_positive_int("num_shards", num_shards)
         if num_negatives % num_shards:  # then also num_shards <= num_negatives <= drawable
             raise ValueError(
@@ -274,22 +268,32 @@ class TapasHead(SampledSoftmaxHead):
         else:
             shard_of = None
         self.register_buffer("shard_of", shard_of, persistent=True)
-        self.logq_correction = bool(logq_correction)
-        self.remove_accidental_hits = bool(remove_accidental_hits)
+        if convention not in CONVENTIONS:
+            raise ValueError(f"convention must be one of {tuple(CONVENTIONS)}, got {convention!r}")
+        self.convention = convention
+
+    presampler = renamed_attribute("presampler", "sampler")
 
     @property
-    def presampler(self) -> Sampler:
-        """The first pass' proposal (held as ``self.sampler``)."""
-        return self.sampler
+    def corrects_first_pass(self) -> bool:
+        """Whether the negatives are corrected by their log inclusion probability."""
+        return CONVENTIONS[self.convention][0]
 
     @property
-    def temperature(self) -> float:
+    def removes_accidental_hits(self) -> bool:
+        """Whether negatives equal to a query's target get ``-inf`` for that query."""
+        return CONVENTIONS[self.convention][1]
+
+    @property
+    def selection_temperature(self) -> float:
         """``tau``, the second pass' temperature; must stay positive and finite."""
-        return self._temperature
+        return self._selection_temperature
 
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        self._temperature = check_finite_number("temperature", value, minimum=0.0, strict=True)
+    @selection_temperature.setter
+    def selection_temperature(self, value: float) -> None:
+        self._selection_temperature = check_finite_number(
+            "selection_temperature", value, minimum=0.0, strict=True
+        )
 
     @torch.no_grad()
     def batch_scores(self, z: Tensor, candidates: Tensor) -> Tensor:
@@ -303,7 +307,7 @@ class TapasHead(SampledSoftmaxHead):
             fp32 ``[K]``; computed ``chunk_size`` candidates at a time.
         """
         parts = [
-            torch.logsumexp(self.candidate_logits(z, chunk) / self._temperature, dim=0)
+            torch.logsumexp(self.candidate_logits(z, chunk) / self._selection_temperature, dim=0)
             for chunk in candidates.split(self.chunk_for(z.shape[0]))
         ]
         return torch.cat(parts)
@@ -330,6 +334,10 @@ class TapasHead(SampledSoftmaxHead):
         negatives = candidates[order[rank_in_shard < n // self.num_shards]]
         return TapasSelection(first_pass, scores, negatives)
 
+    def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
+        """Cross-entropy ``[T]`` of each positive among the logits of :meth:`sampled_logits`."""
+        return softmax_losses(self.sampled_logits(queries, target))
+
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
         """Logits ``[T, 1 + n]`` of the scored positions: column 0 is the positive.
 
@@ -341,24 +349,67 @@ class TapasHead(SampledSoftmaxHead):
         ids = selection.negatives
         pos, neg = self.target_and_candidate_logits(z, target, ids)
         pos = pos[:, None]
-        if self.logq_correction:
+        if self.corrects_first_pass:
             first_pass = selection.first_pass
             with torch.no_grad():
                 neg_log_q = self.sampler.log_prob(z.detach(), ids)
                 neg_log_pi = first_pass.log_inclusion(ids, neg_log_q)
-                if not self.remove_accidental_hits:
+                if not self.removes_accidental_hits:
                     pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])
                     pos_log_pi = first_pass.log_inclusion(target[:, None], pos_log_q)
             neg = neg - neg_log_pi
-            if not self.remove_accidental_hits:
+            if not self.removes_accidental_hits:
                 pos = pos - pos_log_pi
-        if self.remove_accidental_hits:
+        if self.removes_accidental_hits:
             neg = neg.masked_fill(ids == target[:, None], -math.inf)
         return torch.cat([pos, neg], dim=1)
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, presample_factor={self.presample_factor}, "
-            f"temperature={self._temperature:.4g}, num_shards={self.num_shards}, "
-            f"logq_correction={self.logq_correction}"
+            f"selection_temperature={self._selection_temperature:.4g}, "
+            f"num_shards={self.num_shards}, convention={self.convention!r}"
         )
+
+
+def _old_temperatures(options: dict[str, Any], selection_temperature: float | None) -> float:
+    """``tau`` from TapasHead's arguments, taking the old names out of ``options``: before the
+    rename, ``temperature`` was ``tau`` and ``logit_temperature`` the logits' temperature."""
+    if "logit_temperature" in options:  # an old-style call: its temperature is tau
+        logit_temperature = options.pop("logit_temperature")
+        warn_renamed("TapasHead(logit_temperature=...)", "temperature=...")
+        if "temperature" in options:
+            if selection_temperature is not None:
+                raise ValueError(
+                    "TapasHead got logit_temperature=, temperature= and selection_temperature=: "
+                    "with the old logit_temperature, temperature is the old name of "
+                    "selection_temperature"
+                )
+            warn_renamed(
+                "TapasHead(temperature=tau, logit_temperature=...)", "selection_temperature=tau"
+            )
+            selection_temperature = options.pop("temperature")
+        options["temperature"] = logit_temperature
+    elif selection_temperature is None and options.get("temperature", 1.0) != 1.0:
+        warnings.warn(
+            "TapasHead(temperature=...) is now the temperature of the logits, as on every head; "
+            "the second pass' tau is selection_temperature=... (pass both to silence this)",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return 1.0 if selection_temperature is None else selection_temperature
+
+
+def _old_corrections(options: dict[str, Any], convention: str) -> str:
+    """``convention`` from TapasHead's arguments, taking the old switches ``logq_correction``
+    and ``remove_accidental_hits`` out of ``options`` (with a ``FutureWarning``)."""
+    old = [name for name in ("logq_correction", "remove_accidental_hits") if name in options]
+    if not old:
+        return convention
+    switches = (
+        bool(options.pop("logq_correction", False)),
+        bool(options.pop("remove_accidental_hits", True)),
+    )
+    name = next(key for key, value in CONVENTIONS.items() if value == switches)
+    warn_renamed(f"TapasHead({'=..., '.join(old)}=...)", f"convention={name!r}")
+    return name

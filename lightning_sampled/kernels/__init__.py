@@ -1,6 +1,7 @@
 """Triton kernels, each with a plain-torch reference beside it."""
 
 from .codeword_logits import (
+    BACKENDS,
     CodewordLogits,
     codeword_logits,
     codeword_logits_reference,
@@ -8,6 +9,7 @@ from .codeword_logits import (
 )
 
 __all__ = [
+    "BACKENDS",
     "CodewordLogits",
     "codeword_logits",
     "codeword_logits_reference",

@@ -23,8 +23,10 @@ empty (``log_psi = -inf``, ``P1 = 0``): beyond that MIDX's fp64 draw of the seco
 
 :func:`codeword_logits_reference` computes them with plain torch ops; :func:`codeword_logits_triton`
 computes ``s1``, ``s2`` and ``log_psi`` in one kernel launch (one program per block of queries);
-:func:`codeword_logits` picks the kernel on CUDA and the reference elsewhere. Everything is
-accumulated in fp32 whatever the input dtype.
+:func:`codeword_logits` picks one of them by its ``backend`` (one of :data:`BACKENDS`):
+``"auto"``, the kernel for CUDA tensors when Triton is installed (and the cell weights are one
+``[K, K]`` table), the reference otherwise; ``"torch"``, always the reference; ``"triton"``,
+always the kernel. Everything is accumulated in fp32 whatever the input dtype.
 
 Triton has no CPU backend: on CPU tensors the kernel runs under Triton's interpreter, which
 ``TRITON_INTERPRET=1`` switches on for the whole process when Triton is imported
@@ -48,6 +50,7 @@ except ImportError:  # Triton ships for Linux only; the reference serves everywh
 
 LOGIT_BOUND = 2.0**126  # |logit| clamp: differences of two clamped logits stay finite in fp32
 MIN_LOG_ROW_WEIGHT = -700.0  # rows of cells below e^-700 of the best live codeword get P1 = 0
+BACKENDS = ("auto", "torch", "triton")  # the implementations codeword_logits can pick
 
 
 class CodewordLogits(NamedTuple):
@@ -131,11 +134,37 @@ def codeword_weights(s2: Tensor) -> Tensor:
     return s2.double().exp()
 
 
+def check_backend(backend: str) -> str:
+    """``backend`` if it is one of :data:`BACKENDS`, else ``ValueError`` naming it."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    return backend
+
+
 def codeword_logits(
-    z1: Tensor, z2: Tensor, c1: Tensor, c2: Tensor, log_counts: Tensor
+    z1: Tensor, z2: Tensor, c1: Tensor, c2: Tensor, log_counts: Tensor, *, backend: str = "auto"
 ) -> CodewordLogits:
-    """:class:`CodewordLogits` through the Triton kernel on CUDA, the torch reference elsewhere."""
-    if z1.is_cuda and triton is not None:
+    """:class:`CodewordLogits` through the implementation ``backend`` names.
+
+    Args:
+        z1: ``[B, D1]`` first query parts.
+        z2: ``[B, D2]`` second query parts.
+        c1: ``[K, D1]`` first codebook.
+        c2: ``[K, D2]`` second codebook.
+        log_counts: ``[K, K]`` log cell sizes (``-inf`` for empty cells), or per-query cell
+            log-weights ``[B, K, K]`` (see :func:`codeword_logits_reference`).
+        backend: one of :data:`BACKENDS`. ``"auto"``: the Triton kernel when Triton is installed,
+            the tensors are on CUDA and ``log_counts`` is one ``[K, K]`` table; the torch
+            reference otherwise (CPU tensors, no Triton, per-query weights ``[B, K, K]``).
+            ``"torch"``: always the reference. ``"triton"``: always the kernel (its errors
+            included: see :func:`codeword_logits_triton`).
+
+    Raises:
+        ValueError: ``backend`` is not one of :data:`BACKENDS`.
+    """
+    if check_backend(backend) == "triton" or (
+        backend == "auto" and z1.is_cuda and triton is not None and log_counts.dim() == 2
+    ):
         return codeword_logits_triton(z1, z2, c1, c2, log_counts)
     return codeword_logits_reference(z1, z2, c1, c2, log_counts)
 
@@ -158,9 +187,16 @@ def codeword_logits_triton(
 
     Raises:
         RuntimeError: without Triton, or for CPU tensors with the interpreter off.
+        ValueError: ``log_counts`` is not one ``[K, K]`` table (the kernel has no per-query
+            cell weights).
     """
     if triton is None:
         raise RuntimeError("codeword_logits_triton needs Triton, which is not installed")
+    if log_counts.dim() != 2:
+        raise ValueError(
+            "codeword_logits_triton takes log_counts of shape [K, K] (one table for every "
+            f"query), got {tuple(log_counts.shape)}; per-query weights take the torch reference"
+        )
     if z1.device.type == "cpu" and not triton_interpreted():
         raise RuntimeError(
             "codeword_logits_triton got CPU tensors, but Triton has no CPU backend and this "

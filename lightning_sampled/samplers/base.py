@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from .._random import rank_generator
 from .._validation import check_class_ids, check_padding_idx, check_positive_int
 
 
@@ -187,38 +187,7 @@ class Sampler(nn.Module):
         return f"num_classes={self.num_classes}, padding_idx={self.padding_idx}"
 
 
-def rank_generator(device: torch.device) -> torch.Generator | None:
-    """The generator of this rank's draws under ``torch.distributed``; ``None`` (torch's default
-    generator) in a single process or a group of one.
-
-    Every rank runs the same seeded program (``seed_everything`` seeds every rank alike), so draws
-    from the default generator would be the same negatives on every rank: the extra ranks would
-    add no new samples. Instead each call draws one seed ``s`` from torch's global CPU generator,
-    which stays identical across ranks (and is what ``RNGCheckpoint`` saves), and returns a
-    generator on ``device`` seeded with ``s + rank``: the ranks' streams differ, and a run stays
-    repeatable. The extra CPU draw and the new generator cost microseconds per call.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    seed = int(torch.randint(2**62, ()).item())
-    return torch.Generator(device=device).manual_seed(seed + dist.get_rank())
-
-
 def lookup(table: Tensor, ids: Tensor) -> Tensor:
     """``table[ids]`` for a 1-D ``table`` and long ``ids`` of any shape, by ``index_select``:
     on CPU 2.5-6x faster than advanced indexing for a draw's ``[B, M]`` ids."""
     return table.index_select(0, ids.reshape(-1)).view(ids.shape)
-
-
-def skip_padding(ranks: Tensor, padding_idx: int | None) -> Tensor:
-    """Maps ranks in ``[0, N - 1)`` onto the class ids ``[0, N)`` minus ``padding_idx``."""
-    if padding_idx is None:
-        return ranks
-    return ranks + (ranks >= padding_idx).to(ranks.dtype)
-
-
-def padding_to_rank(ids: Tensor, padding_idx: int | None) -> Tensor:
-    """The inverse of :func:`skip_padding` for ids other than ``padding_idx``."""
-    if padding_idx is None:
-        return ids
-    return ids - (ids > padding_idx).to(ids.dtype)

@@ -10,14 +10,19 @@ The class table ``[N, D]`` is quantised with two codebooks of ``K`` codewords (P
   ``Q(i | z) = exp(o_i - r~_i) / sum_j exp(o_j - r~_j)`` with ``r~_i = z . r_i``; ``M`` draws
   cost ``O(K D + K^2 + min(M, K) K + M log K)`` per query, independent of ``N`` (the second
   stage builds only the rows ``P2(. | k1)`` of the first codewords drawn:
-  :mod:`~lightning_sampled.samplers.conditional_draw`).
+  :mod:`~lightning_sampled.samplers.conditional_draw`). Implemented in
+  :mod:`~lightning_sampled.samplers.midx_fast`.
 - ``mode="exact"`` (Theorem 1, Eqs. 2-5): the cell weights are ``omega = sum_{j in cell}
   exp(z . r_j)`` and the class is drawn from the residual softmax inside the cell; the proposal is
   then exactly the full softmax ``softmax(z . q)``. It costs ``O(N D)`` per query and exists to
   verify the decomposition and for diagnostics; it keeps a copy of the class table from the last
-  refresh.
+  refresh. Implemented in :mod:`~lightning_sampled.samplers.midx_exact`.
 - ``learnable=True`` (MIDX-Learn, Section 6.2.3): the codewords are an ``nn.Parameter`` trained by
-  :meth:`MIDXSampler.auxiliary_loss`; see there.
+  :meth:`MIDXSampler.auxiliary_loss` (its terms: :mod:`~lightning_sampled.samplers.midx_learn`).
+
+This module holds the sampler itself: its arguments, the index buffers and their refresh and
+checkpointing, the codeword logits of a batch (through the ``backend`` the sampler names), and
+the first stage's draw, which both modes share.
 
 Both modes report the normalised ``log_q`` of any id through :meth:`Sampler.log_prob`. The padding
 class is left out of the index (probability 0); empty cells, and codewords without any class, have
@@ -41,21 +46,18 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
+from .._class_ids import skip_padding
 from .._validation import check_positive_int
-from ..index import Quantizer, build_cells, cell_of, check_norms, make_quantizer
-from ..kernels.codeword_logits import (
-    CodewordLogits,
-    codeword_logits,
-    codeword_logits_reference,
-    codeword_weights,
-)
-from .base import Sample, Sampler, lookup, skip_padding
-from .conditional_draw import draw_from_used_rows
+from ..index import Cells, Quantizer, build_cells, cell_of, check_norms, make_quantizer
+from ..kernels.codeword_logits import CodewordLogits, check_backend, codeword_logits
+from .base import Sample, Sampler
+from .inverse_cdf import inverse_cdf
+from .midx_exact import draw_exact, residual_terms, score_exact
+from .midx_fast import draw_fast, log_cell_sizes, score_fast
+from .midx_learn import ENCODERS, codeword_objective, pick_classes, pick_queries
 
 _MODES = ("fast", "exact")
-_ENCODERS = ("soft", "hard")
 _RESIZABLE = ("codewords", "class_embeddings")
 _MSE_ROWS = 1 << 12  # the logged quantisation error is measured on about this many classes
 
@@ -93,6 +95,15 @@ class MIDXSampler(Sampler):
         encoder: MIDX-Learn: how the auxiliary loss encodes a class (see :meth:`auxiliary_loss`):
             ``"hard"``, its codes (so ``p'`` is the proposal the sampler draws from), or
             ``"soft"``, the codeword weights ``softmax(q . c)`` of the paper's text.
+        backend: the implementation of the codeword logits (``s1``, ``s2``, ``log_psi``: see
+            :mod:`lightning_sampled.kernels.codeword_logits`), one of ``"auto"``, ``"torch"``
+            and ``"triton"``. ``"auto"`` (default): the Triton kernel when Triton is installed
+            and the queries are on CUDA, else the plain-torch reference (the fallback: CPU
+            tensors, no Triton, and exact mode, whose per-query cell weights the kernel does not
+            take). ``"torch"``: always the reference. ``"triton"``: always the kernel (fast mode
+            only); the first draw raises ``RuntimeError`` without Triton, or on CPU tensors
+            unless this process imported Triton under ``TRITON_INTERPRET=1``. Both give the
+            same proposal up to fp32 rounding.
     """
 
     query_independent = False
@@ -115,6 +126,7 @@ class MIDXSampler(Sampler):
         kl_weight: float = 1.0,
         kl_num_queries: int | None = 128,
         encoder: str = "hard",
+        backend: str = "auto",
     ) -> None:
         super().__init__(num_classes, padding_idx=padding_idx)
         check_positive_int("codebook_size", codebook_size)
@@ -157,9 +169,15 @@ class MIDXSampler(Sampler):
         if kl_num_queries is not None:
             check_positive_int("kl_num_queries", kl_num_queries)
         self.kl_num_queries = kl_num_queries
-        if encoder not in _ENCODERS:
-            raise ValueError(f"encoder must be one of {list(_ENCODERS)}, got {encoder!r}")
+        if encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {list(ENCODERS)}, got {encoder!r}")
         self.encoder = encoder
+        self.backend = check_backend(backend)
+        if backend == "triton" and mode == "exact":
+            raise ValueError(
+                "backend='triton' needs mode='fast': the kernel takes one table of cell sizes, "
+                "not the exact mode's per-query cell weights; use backend='auto' or 'torch'"
+            )
 
         k, num_cells = codebook_size, codebook_size * codebook_size
         codeword_dim = 0 if dim is None else self.quantizer.codeword_dim(dim)
@@ -299,10 +317,9 @@ class MIDXSampler(Sampler):
         if z.shape[-1] != dim:
             raise ValueError(f"z must have {dim} features to match the index, got {z.shape[-1]}")
 
-    def _log_counts(self) -> Tensor:
-        """``log |Omega|`` ``[K, K]`` fp32, ``-inf`` for empty cells."""
-        k = self.codebook_size
-        return self.cell_counts.view(k, k).float().log()
+    def _cells(self) -> Cells:
+        """The index's classes per cell, from its buffers."""
+        return Cells(self.cell_counts, self.cell_offsets, self.cell_members)
 
     def _stage_logits(self, z: Tensor) -> Stage:
         """Codeword logits and cell log-weights of queries ``z`` ``[B, D]``.
@@ -314,14 +331,17 @@ class MIDXSampler(Sampler):
             padding class), else ``None``.
         """
         z1, z2 = self.quantizer.query_parts(z)
-        c1, c2 = self.codewords.detach().float()
+        codebooks = self.codewords.detach().float()
         with torch.autocast(z.device.type, enabled=False):
             if self.mode == "fast":
-                log_weights, residual_logits = self._log_counts(), None
-                logits = codeword_logits(z1, z2, c1, c2, log_weights)
+                log_weights = log_cell_sizes(self.cell_counts, self.codebook_size)
+                residual_logits = None
             else:
-                residual_logits, log_weights = self._residual_terms(z)
-                logits = codeword_logits_reference(z1, z2, c1, c2, log_weights)
+                residual_logits, log_weights = residual_terms(
+                    z, self.class_embeddings, self.class_cells, codebooks, self.quantizer
+                )
+            c1, c2 = codebooks
+            logits = codeword_logits(z1, z2, c1, c2, log_weights, backend=self.backend)
         # Logits beyond fp32 are clamped, but a dot product whose terms overflow in both
         # directions is NaN: a clear error then (asynchronous on GPU), not a draw out of range.
         torch._assert_async(
@@ -330,23 +350,6 @@ class MIDXSampler(Sampler):
             "(|z . c| beyond 3.4e38); scale the queries or the class table down",
         )
         return logits, log_weights, residual_logits
-
-    def _residual_terms(self, z: Tensor) -> tuple[Tensor, Tensor]:
-        """Exact mode: residual logits ``[B, N]`` and ``log omega`` ``[B, K, K]`` (Eq. 5)."""
-        k = self.codebook_size
-        indexed = self.class_cells >= 0
-        codes = torch.stack([self.class_cells // k, self.class_cells % k], dim=1).clamp(min=0)
-        codebooks = self.codewords.detach().float()
-        residuals = self.class_embeddings.float() - self.quantizer.decode(codes, codebooks)
-        residual_logits = (z.float() @ residuals.T).masked_fill(~indexed, -math.inf)
-        cells = self.class_cells.clamp(min=0).expand(z.shape[0], -1)
-        cell_max = torch.full((z.shape[0], k * k), -math.inf, device=z.device)
-        cell_max = cell_max.scatter_reduce(1, cells, residual_logits, "amax")
-        safe_max = cell_max.nan_to_num(neginf=0.0)
-        shifted = (residual_logits - safe_max.gather(1, cells)).exp()
-        sums = torch.zeros_like(cell_max).scatter_add(1, cells, shifted)
-        log_omega = sums.log() + safe_max
-        return residual_logits, log_omega.view(-1, k, k)
 
     def _sample(
         self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
@@ -374,83 +377,28 @@ class MIDXSampler(Sampler):
     def _draw(
         self, stage: Stage, z: Tensor, num_samples: int, generator: torch.Generator | None
     ) -> Sample:
-        """``num_samples`` draws per query ``z`` ``[B, D]`` from its :meth:`_stage_logits`."""
+        """``num_samples`` draws per query ``z`` ``[B, D]`` from its :meth:`_stage_logits`: the
+        first codeword from ``P1`` here, the rest by the mode's draw."""
         logits, log_weights, residual_logits = stage
-        batch, k = z.shape[0], self.codebook_size
+        batch = z.shape[0]
         u = torch.rand(2, batch, num_samples, device=z.device, generator=generator)
         u_cell = torch.rand(
             batch, num_samples, device=z.device, generator=generator, dtype=torch.float64
         )
-        k1 = _inverse_cdf(logits.log_p1.exp(), u[0])
+        k1 = inverse_cdf(logits.log_p1.exp(), u[0])
         if residual_logits is None:
-            # P2(k2 | k1) ∝ |Omega[k1, k2]| exp(s2[k2]): the fp64 weights of log_psi, so a row
-            # whose weights all underflow has P1 = 0 and is never drawn
-            weights = codeword_weights(logits.s2)
-            k2 = draw_from_used_rows(self.cell_counts.view(k, k), weights, k1, u[1])
-            ids = self._uniform_in_cell(k1 * k + k2, u_cell)
-            log_q = _fast_log_q(logits, k1, k2)
-        else:
-            # P2(. | k1) up to its normaliser (the draw normalises each row); rows without a
-            # class (log_psi = -inf) stay all zero instead of -inf - -inf = NaN.
-            log_psi = logits.log_psi.nan_to_num(neginf=0.0)
-            p2 = (log_weights + logits.s2[:, None, :] - log_psi[:, :, None]).exp()
-            k2 = _inverse_cdf_in_row(p2, k1, u[1])
-            ids = self._residual_softmax_in_cell(k1 * k + k2, u_cell, residual_logits, log_weights)
-            log_q = self._log_prob_from(logits, log_weights, residual_logits, ids)
-        return Sample(ids, log_q)
-
-    def _uniform_in_cell(self, cell: Tensor, u: Tensor) -> Tensor:
-        """A class drawn uniformly from each ``cell`` ``[B, M]`` with uniforms ``u`` (fp64)."""
-        start = lookup(self.cell_offsets, cell)
-        count = lookup(self.cell_counts, cell)
-        offset = torch.minimum((u * count).long(), count - 1)
-        return lookup(self.cell_members, start + offset)
-
-    def _residual_softmax_in_cell(
-        self, cell: Tensor, u: Tensor, residual_logits: Tensor, log_weights: Tensor
-    ) -> Tensor:
-        """Exact mode: a class drawn from ``P3(. | cell)`` (Eq. 5) for every draw ``[B, M]``."""
-        batch = cell.shape[0]
-        members = self.cell_members
-        member_cells = self.class_cells[members].expand(batch, -1)
-        log_p3 = (
-            residual_logits[:, members].double()
-            - log_weights.reshape(batch, -1).gather(1, member_cells).double()
+            return draw_fast(logits, self._cells(), k1, u[1], u_cell)
+        return draw_exact(
+            logits, log_weights, residual_logits, self._cells(), self.class_cells, k1, u[1], u_cell
         )
-        # Each non-empty cell's P3 sums to one, so the running sum reaches (cells so far) at each
-        # cell's end: fp64 keeps every cell's share exact enough for 4096 cells.
-        cdf = torch.cumsum(log_p3.exp(), dim=1)
-        start, end = self.cell_offsets[cell], self.cell_offsets[cell + 1]
-        before = torch.where(start > 0, cdf.gather(1, (start - 1).clamp(min=0)), 0.0)
-        mass = cdf.gather(1, end - 1) - before
-        position = torch.searchsorted(cdf, before + u * mass, right=True)
-        return members[torch.minimum(torch.maximum(position, start), end - 1)]
 
     def _score(self, stage: Stage, z: Tensor, ids: Tensor) -> Tensor:
         """``log Q`` ``[B, K]`` of ids ``[B, K]`` or ``[K]`` from the queries' stage logits."""
         ids = (ids.expand(z.shape[0], -1) if ids.dim() == 1 else ids).long()
         logits, log_weights, residual_logits = stage
         if residual_logits is None:
-            k = self.codebook_size
-            cells = self.class_cells[ids]
-            k1, k2 = cells.clamp(min=0) // k, cells.clamp(min=0) % k
-            return _fast_log_q(logits, k1, k2).masked_fill(cells < 0, -math.inf)
-        return self._log_prob_from(logits, log_weights, residual_logits, ids)
-
-    def _log_prob_from(
-        self, logits: CodewordLogits, log_weights: Tensor, residual_logits: Tensor, ids: Tensor
-    ) -> Tensor:
-        """Exact mode: ``log P1(k1) + log P2(k2 | k1) + log P3(i | k1, k2)`` for ids ``[B, M]``."""
-        k = self.codebook_size
-        batch = ids.shape[0]
-        cells = self.class_cells[ids]
-        safe = cells.clamp(min=0)
-        k1, k2 = safe // k, safe % k
-        log_omega = log_weights.expand(batch, k, k).reshape(batch, -1).gather(1, safe)
-        log_p1 = logits.log_p1.gather(1, k1)
-        log_p2 = log_omega + logits.s2.gather(1, k2) - logits.log_psi.gather(1, k1)
-        log_p3 = residual_logits.gather(1, ids) - log_omega
-        return (log_p1 + log_p2 + log_p3).masked_fill(cells < 0, -math.inf)
+            return score_fast(logits, self.class_cells, ids)
+        return score_exact(logits, log_weights, residual_logits, self.class_cells, ids)
 
     # -- MIDX-Learn -----------------------------------------------------------------------------
 
@@ -500,114 +448,24 @@ class MIDXSampler(Sampler):
         if not self.learnable:
             return torch.zeros((), device=z.device)
         self._check_ready(z)
-        queries = z.detach().reshape(-1, z.shape[-1]).float()
-        if self.kl_num_queries is not None and self.kl_num_queries < queries.shape[0]:
-            picked = torch.randperm(queries.shape[0], device=z.device, generator=generator)
-            queries = queries[picked[: self.kl_num_queries]]
-        table = class_embeddings.detach()
-        if self.kl_num_classes is None or self.kl_num_classes >= self.num_drawable:
-            ids = skip_padding(torch.arange(self.num_drawable, device=z.device), self.padding_idx)
-        else:
-            ranks = torch.randint(
-                self.num_drawable, (self.kl_num_classes,), device=z.device, generator=generator
-            )
-            ids = skip_padding(ranks, self.padding_idx)
-        partials = [
-            checkpoint(
-                self._auxiliary_chunk,
-                queries,
-                table[ids[start : start + self.kl_chunk_size]].float(),
-                self.codewords,
-                use_reentrant=False,
-            )
-            for start in range(0, ids.numel(), self.kl_chunk_size)
-        ]
-        sums = torch.stack([p[0] for p in partials]).sum(0)
-        lse = torch.logsumexp(torch.stack([p[1] for p in partials]), dim=0)
-        reconstruction = sums / ids.numel()
-        # lse[:, 0] = lse(2 o - o^), lse[:, 1] = lse(o), lse[:, 2] = lse(o^)
-        divergence = (lse[:, 0] - 2.0 * lse[:, 1] + lse[:, 2]).mean()
-        return self.reconstruction_weight * reconstruction + self.kl_weight * divergence
-
-    def _auxiliary_chunk(
-        self, queries: Tensor, rows: Tensor, codewords: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """One class chunk: summed reconstruction error and per-query log-sum-exps ``[B, 3]``."""
-        if self.encoder == "soft":
-            decoded = self.quantizer.soft_decode(rows, codewords)
-        else:
-            codes = self.quantizer.encode(rows, codewords.detach())
-            decoded = self.quantizer.decode(codes, codewords)
-        reconstruction = ((decoded - rows) ** 2).sum()
-        o = queries @ rows.T
-        o_hat = queries @ decoded.T
-        lse = torch.stack(
-            [
-                torch.logsumexp(2.0 * o - o_hat, dim=1),
-                torch.logsumexp(o, dim=1),
-                torch.logsumexp(o_hat, dim=1),
-            ],
-            dim=1,
+        queries = pick_queries(z, self.kl_num_queries, generator)
+        ids = pick_classes(
+            self.num_drawable, self.kl_num_classes, self.padding_idx, z.device, generator
         )
-        return reconstruction, lse
+        reconstruction, divergence = codeword_objective(
+            queries,
+            class_embeddings.detach(),
+            ids,
+            self.codewords,
+            self.quantizer,
+            encoder=self.encoder,
+            chunk_size=self.kl_chunk_size,
+        )
+        return self.reconstruction_weight * reconstruction + self.kl_weight * divergence
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, codebook_size={self.codebook_size}, "
-            f"quantizer={self.quantizer.name!r}, mode={self.mode!r}, learnable={self.learnable}"
+            f"quantizer={self.quantizer.name!r}, mode={self.mode!r}, learnable={self.learnable}, "
+            f"backend={self.backend!r}"
         )
-
-
-def _fast_log_q(logits: CodewordLogits, k1: Tensor, k2: Tensor) -> Tensor:
-    """Fast mode's ``log Q`` of a class in cell ``(k1, k2)`` (ids ``[B, M]``):
-    ``log P1(k1) + log P2(k2 | k1) - log|Omega[k1, k2]| = log_p1[k1] + s2[k2] - log_psi[k1]``, in
-    the shifted units of :class:`CodewordLogits` (no term of the size of the raw logits, which
-    would leave ``log Q`` unnormalised in fp32 for huge queries), ``-inf`` in rows ``k1`` of
-    probability ``0``."""
-    log_psi = logits.log_psi.gather(1, k1)
-    log_q = logits.log_p1.gather(1, k1) + logits.s2.gather(1, k2) - log_psi
-    return log_q.masked_fill(log_psi == -math.inf, -math.inf)
-
-
-def _cdf(probs: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Running sums of the rows ``probs`` ``[..., K]`` divided by their last entry, in ``dtype``.
-
-    Each row then ends at exactly ``1.0`` (``x / x``), and rounding keeps the sums monotone, so
-    ``searchsorted(cdf, u, right=True)`` with ``u`` in ``[0, 1)`` always lands on a positive
-    entry: no draw falls past the table nor onto a zero-probability entry (an empty cell), which a
-    table ending slightly below 1 in fp32 would allow without a clamp. All-zero rows (never
-    searched) stay all zeros, which keeps shifted tables sorted.
-    """
-    cdf = torch.cumsum(probs, dim=-1, dtype=dtype)
-    return cdf.div_(cdf[..., -1:].clamp_min(torch.finfo(dtype).tiny))
-
-
-def _inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
-    """Draws from the unnormalised rows ``probs`` ``[B, K]`` with uniforms ``u`` ``[B, S]``.
-
-    Returns:
-        long ``[B, S]`` indices in ``[0, K)`` with positive probability.
-    """
-    return torch.searchsorted(_cdf(probs), u, right=True)
-
-
-def _inverse_cdf_in_row(probs: Tensor, rows: Tensor, u: Tensor) -> Tensor:
-    """Draws a column of row ``rows`` of each query's table ``probs`` ``[B, K, K]`` (unnormalised).
-
-    One search per draw without gathering a ``[B, S, K]`` table: the rows' normalised running
-    sums, shifted by the row index, form one sorted fp64 sequence ``[B, K * K]`` per query (row
-    ``r`` spans ``(r, r + 1]``), searched for ``rows + u``.
-
-    Args:
-        probs: ``[B, K, K]`` non-negative rows; the rows drawn must have positive sums.
-        rows: long ``[B, S]`` the row of each draw.
-        u: ``[B, S]`` uniforms in ``[0, 1)`` (fp32, so ``rows + u < rows + 1`` exactly in fp64).
-
-    Returns:
-        long ``[B, S]`` columns in ``[0, K)`` with positive probability.
-    """
-    batch, k, _ = probs.shape
-    shift = torch.arange(k, device=probs.device, dtype=torch.float64)[:, None]
-    table = _cdf(probs, torch.float64).add_(shift).reshape(batch, k * k)
-    index = torch.searchsorted(table, rows.double() + u.double(), right=True)
-    return index - rows * k

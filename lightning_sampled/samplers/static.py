@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import Sample, Sampler, lookup, padding_to_rank, skip_padding
+from .._class_ids import padding_to_rank, skip_padding
+from .base import Sample, Sampler, lookup
 
 
 class _StaticSampler(Sampler):

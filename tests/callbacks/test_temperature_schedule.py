@@ -9,14 +9,18 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_sampled.callbacks import TemperatureSchedule
 from lightning_sampled.callbacks.temperature import schedule_value
-from lightning_sampled.heads import TapasHead
+from lightning_sampled.heads import SampledSoftmaxHead, TapasHead
+
+TAU = "selection_temperature"
 
 
 class TinyModel(pl.LightningModule):
     def __init__(self, temperature=5.0):
         super().__init__()
         self.encoder = torch.nn.Linear(4, 8)
-        self.head = TapasHead(30, 8, num_negatives=4, presample_factor=2, temperature=temperature)
+        self.head = TapasHead(
+            30, 8, num_negatives=4, presample_factor=2, selection_temperature=temperature
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -27,13 +31,16 @@ class TinyModel(pl.LightningModule):
 
 
 class Recorder(pl.Callback):
-    """Records (global_step, epoch, head temperature) as each training batch starts."""
+    """Records (global_step, epoch, TAPAS' selection temperature) as each training batch starts."""
 
     def __init__(self):
         self.seen = {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.seen[trainer.global_step] = (trainer.current_epoch, pl_module.head.temperature)
+        self.seen[trainer.global_step] = (
+            trainer.current_epoch,
+            pl_module.head.selection_temperature,
+        )
 
 
 def loader():
@@ -85,21 +92,21 @@ def test_schedule_values(schedule, progress, want):
 
 
 def test_steps_get_the_stated_values_and_are_logged(tmp_path):
-    schedule = TemperatureSchedule(start=1.0, end=0.2, schedule="linear", total=4)
+    schedule = TemperatureSchedule(TAU, start=1.0, end=0.2, schedule="linear", total=4)
     trainer, model, seen = fit(schedule, tmp_path, max_steps=6)
     temps = [seen[t][1] for t in range(6)]
     assert temps == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.2])
-    assert model.head.temperature == pytest.approx(0.2)
-    assert trainer.callback_metrics["temperature"].item() == pytest.approx(0.2)
+    assert model.head.selection_temperature == pytest.approx(0.2)
+    assert trainer.callback_metrics["selection_temperature"].item() == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("interval", ["step", "epoch"])
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_values(tmp_path, interval):
     def make():
         if interval == "step":
-            return TemperatureSchedule(start=2.0, end=0.1, schedule="cosine", total=7)
+            return TemperatureSchedule(TAU, start=2.0, end=0.1, schedule="cosine", total=7)
         return TemperatureSchedule(
-            start=2.0, end=0.1, schedule="exponential", interval="epoch", total=2
+            TAU, start=2.0, end=0.1, schedule="exponential", interval="epoch", total=2
         )
 
     _, _, full = fit(make(), tmp_path / "a", max_steps=10, ckpt_every=3)
@@ -113,13 +120,13 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_values(tmp_path, inter
     for step in range(6, 10):
         assert resumed[step] == pytest.approx(full[step]), step
     assert len({full[t][1] for t in range(10)}) > 2  # the schedule moved
-    assert model.head.temperature == pytest.approx(full[9][1])
+    assert model.head.selection_temperature == pytest.approx(full[9][1])
     if interval == "epoch":
         assert [full[t][1] for t in (0, 4, 8)] == pytest.approx([2.0, math.sqrt(0.2), 0.1])
 
 
 def test_resuming_with_a_changed_schedule_warns():
-    schedule = TemperatureSchedule(start=1.0, end=0.5, schedule="linear", total=10)
+    schedule = TemperatureSchedule(TAU, start=1.0, end=0.5, schedule="linear", total=10)
     with pytest.warns(UserWarning, match="this schedule gives 0.95"):
         schedule.load_state_dict({"value": 0.9, "clock": 1})
     schedule.load_state_dict({"value": 0.95, "clock": 1})  # no warning
@@ -129,38 +136,54 @@ def test_module_path_picks_one_module_and_discovery_finds_all(tmp_path):
     class TwoHeads(TinyModel):
         def __init__(self):
             super().__init__()
-            self.other = TapasHead(30, 8, num_negatives=4, presample_factor=2, temperature=3.0)
+            self.other = TapasHead(
+                30, 8, num_negatives=4, presample_factor=2, selection_temperature=3.0
+            )
+            self.plain = SampledSoftmaxHead(30, 8, num_negatives=4)
 
     model = TwoHeads()
-    only = TemperatureSchedule(start=0.5, module_path="other")
+    only = TemperatureSchedule(TAU, start=0.5, module_path="other")
     assert [m is model.other for m in only.targets(model)] == [True]
-    assert only.log_name == "other.temperature"
-    every = TemperatureSchedule(start=0.5)
+    assert only.log_name == "other.selection_temperature"
+    every = TemperatureSchedule(TAU, start=0.5)
     assert {id(m) for m in every.targets(model)} == {id(model.head), id(model.other)}
+    logits = TemperatureSchedule("temperature", start=0.5)  # every head's logit temperature
+    assert {id(m) for m in logits.targets(model)} == {
+        id(model.head),
+        id(model.other),
+        id(model.plain),
+    }
     with pytest.raises(ValueError, match="no submodule"):
         TemperatureSchedule("tau", start=0.5).targets(model)
-    with pytest.raises(ValueError, match="has no attribute"):
-        TemperatureSchedule(start=0.5, module_path="encoder").targets(model)
+    with pytest.raises(ValueError, match="does not declare 'selection_temperature'"):
+        TemperatureSchedule(TAU, start=0.5, module_path="plain").targets(model)
+    with pytest.raises(ValueError, match="does not declare"):
+        TemperatureSchedule(TAU, start=0.5, module_path="encoder").targets(model)
+
+
+def test_the_attribute_is_named_explicitly():
+    with pytest.raises(TypeError, match="attribute"):
+        TemperatureSchedule(start=0.5)
 
 
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="schedule"):
-        TemperatureSchedule(start=1.0, end=0.1, schedule="step", total=3)
+        TemperatureSchedule(TAU, start=1.0, end=0.1, schedule="step", total=3)
     with pytest.raises(ValueError, match="interval"):
-        TemperatureSchedule(start=1.0, interval="batch")
+        TemperatureSchedule(TAU, start=1.0, interval="batch")
     with pytest.raises(ValueError, match="end is required"):
-        TemperatureSchedule(start=1.0, schedule="linear", total=3)
+        TemperatureSchedule(TAU, start=1.0, schedule="linear", total=3)
     with pytest.raises(ValueError, match="total"):
-        TemperatureSchedule(start=1.0, end=0.1, schedule="linear")
+        TemperatureSchedule(TAU, start=1.0, end=0.1, schedule="linear")
     with pytest.raises(ValueError, match="total"):
-        TemperatureSchedule(start=1.0, end=0.1, schedule="cosine", total=0)
+        TemperatureSchedule(TAU, start=1.0, end=0.1, schedule="cosine", total=0)
     with pytest.raises(ValueError, match="start > 0 and end > 0"):
-        TemperatureSchedule(start=1.0, end=0.0, schedule="exponential", total=3)
+        TemperatureSchedule(TAU, start=1.0, end=0.0, schedule="exponential", total=3)
     with pytest.raises(ValueError, match="start"):
-        TemperatureSchedule(start=math.nan)
+        TemperatureSchedule(TAU, start=math.nan)
     with pytest.raises(ValueError, match="constant"):
-        TemperatureSchedule(start=1.0, end=2.0)
+        TemperatureSchedule(TAU, start=1.0, end=2.0)
     with pytest.raises(ValueError, match="attribute"):
         TemperatureSchedule("not a name", start=1.0)
     with pytest.raises(ValueError, match="module_path"):
-        TemperatureSchedule(start=1.0, module_path="")
+        TemperatureSchedule(TAU, start=1.0, module_path="")

@@ -77,9 +77,7 @@ def test_loss_equals_eqs_2_and_3_by_hand_both_branches():
     torch.manual_seed(1)
     probs = torch.rand(n, dtype=torch.float64) + 0.2
     probs /= probs.sum()
-    head = CaneHead(
-        n, 3, 3, m, branching=3, beam=n, noise_sampler=Stream(probs.float(), None), bias=True
-    )
+    head = CaneHead(n, 3, 3, m, branching=3, beam=n, sampler=Stream(probs.float(), None), bias=True)
     randomize(head)
     z = torch.randn(2, 3)
     s = exact_logits(head, z)
@@ -88,7 +86,7 @@ def test_loss_equals_eqs_2_and_3_by_hand_both_branches():
     assert y[1] not in c1
     n0, n1, n2, n3 = [j for j in range(n) if j not in c0][:4]
     # draws laid out [rounds, slots]: slot 0 takes n0 at once, slot 1 rejects two candidates
-    head.noise_sampler.stream = torch.tensor([n0, c0[0], c0[1], n1] + [n2, n3] * 2)
+    head.sampler.stream = torch.tensor([n0, c0[0], c0[1], n1] + [n2, n3] * 2)
     loss = head(z, y)
 
     allowed = n - 3
@@ -237,7 +235,7 @@ def test_rejection_draw_follows_its_restricted_proposal():
     counts[:4] = 200.0
     counts[4:19] = torch.arange(1.0, 16.0)  # not uniform outside: the fallback term shows
     head = CaneHead(n, 4, 4, draws, branching=3, padding_idx=19)
-    head.noise_sampler = UnigramSampler(counts, alpha=1.0, padding_idx=19)
+    head.sampler = UnigramSampler(counts, alpha=1.0, padding_idx=19)
     candidates = torch.tensor([[0, 1, 2, 3]])
     torch.manual_seed(0)
     noise = head.draw_noise(torch.randn(1, 4), candidates, torch.tensor([5]))
@@ -395,8 +393,8 @@ def test_buffers_written_in_place_as_a_ddp_broadcast_does_are_searched(parameter
         ({"parameterization": "tree"}, "parameterization must be one of.*'tree'"),
         ({"normalize": True}, "normalize must be False for CaneHead, got True"),
         ({"label_smoothing": 0.1}, "label_smoothing is not supported by CaneHead"),
-        ({"noise_sampler": UniformSampler(21)}, "noise_sampler.num_classes=21"),
-        ({"noise_sampler": UniformSampler(20, padding_idx=0)}, "noise_sampler.padding_idx=0"),
+        ({"sampler": UniformSampler(21)}, "sampler.num_classes=21"),
+        ({"sampler": UniformSampler(20, padding_idx=0)}, "sampler.padding_idx=0"),
         (
             {"parameterization": "path", "weight": torch.nn.Parameter(torch.zeros(20, 3))},
             "weight cannot be tied with parameterization='path'",
@@ -433,6 +431,9 @@ class CoverageModel(pl.LightningModule):
         self.coverages.append(float(self.head.last_coverage))
         return loss
 
+    def diagnostic_queries(self):
+        return self.encoder.weight
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -442,7 +443,7 @@ class CoverageModel(pl.LightningModule):
         return DataLoader(TensorDataset(x, y), batch_size=8)
 
 
-def test_sampler_diagnostics_logs_the_epoch_mean_of_the_candidate_coverage(tmp_path):
+def test_sampler_diagnostics_logs_the_coverage_and_the_noise_proposal_kl(tmp_path):
     model = CoverageModel()
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -458,3 +459,9 @@ def test_sampler_diagnostics_logs_the_epoch_mean_of_the_candidate_coverage(tmp_p
     logged = float(trainer.logged_metrics["sampler_diagnostics/head/coverage"])
     assert len(model.coverages) == 5 and 0 < logged < 1
     assert logged == pytest.approx(sum(model.coverages) / 5)
+    # the noise proposal (uniform) against the head's softmax: KL = log N - H(p) > 0
+    z = model.head.score_queries(model.encoder.weight.detach())
+    log_p = torch.log_softmax(model.head.logits(z), -1)
+    want = (log_p.exp() * (log_p + math.log(30))).sum(-1).mean()
+    kl = float(trainer.logged_metrics["sampler_diagnostics/head/kl"])
+    assert kl == pytest.approx(float(want), rel=1e-4)

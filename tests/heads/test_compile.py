@@ -111,7 +111,7 @@ def test_training_loss_compiles_without_graph_breaks(name):
         ("full_cosine", {"heads/chunked.py"}),
         # ignored positions are dropped (the second pass scores the whole batch, so they cannot
         # stay in, weighted 0), and the first pass draws until K + 1 distinct classes turn up
-        ("tapas", {"heads/base.py", "heads/tapas.py"}),
+        ("tapas", {"heads/inputs.py", "heads/tapas.py"}),
         # the sampler's is_built and the chunking of its draw read tensors on the host
         ("midx", {"samplers/midx.py", "samplers/conditional_draw.py"}),
     ],

@@ -26,7 +26,7 @@ def brute_scores(head, z, ids):
     w = head.weight.double()[ids]
     b = 0.0 if head.bias is None else head.bias.double()[ids]
     logits = z.double() @ w.T + b
-    return torch.log(torch.exp(logits / head.temperature).sum(0))
+    return torch.log(torch.exp(logits / head.selection_temperature).sum(0))
 
 
 def grads(head, z, y):
@@ -41,7 +41,17 @@ def test_r_equal_1_without_correction_is_sampled_softmax_on_the_same_draws():
     n_classes, d, n = 50, 6, 8
     draws = torch.randperm(n_classes)[: n + 1]  # the first pass reads one class past the n
     uniform = torch.full((n_classes,), 1.0 / n_classes)
-    tapas = randomize(TapasHead(n_classes, d, n, 1, 0.3, Stream(uniform, draws), bias=True))
+    tapas = randomize(
+        TapasHead(
+            n_classes,
+            d,
+            Stream(uniform, draws),
+            n,
+            presample_factor=1,
+            selection_temperature=0.3,
+            bias=True,
+        )
+    )
     ssm = SampledSoftmaxHead(
         n_classes,
         d,
@@ -71,7 +81,7 @@ def test_r_equal_1_without_correction_is_sampled_softmax_on_the_same_draws():
 
 def test_r_equal_1_matches_sampled_softmax_with_seeded_draws():
     n_classes, d, n = 5000, 4, 6
-    tapas = TapasHead(n_classes, d, n, 1, 1.0)
+    tapas = TapasHead(n_classes, d, None, n, presample_factor=1)
     ssm = SampledSoftmaxHead(
         n_classes,
         d,
@@ -98,8 +108,8 @@ def test_second_pass_is_the_top_n_of_the_first_by_batch_score(tau):
         6,
         num_negatives=10,
         presample_factor=5,
-        temperature=tau,
-        presampler=UnigramSampler(counts, alpha=0.5, padding_idx=0),
+        selection_temperature=tau,
+        sampler=UnigramSampler(counts, alpha=0.5, padding_idx=0),
         bias=True,
         padding_idx=0,
         chunk_size=7,
@@ -223,7 +233,9 @@ def test_a_shard_short_of_candidates_contributes_all_it_has():
 def test_logq_correction_subtracts_the_log_inclusion_probability_of_the_first_pass():
     probs = torch.softmax(torch.randn(30), 0)
     stream = torch.tensor([4, 9, 4, 17, 2, 9, 21, 8, 8, 11, 8, 8, 8, 8])
-    head = randomize(TapasHead(30, 4, 3, 2, 1.0, Stream(probs, stream), logq_correction=True))
+    head = randomize(
+        TapasHead(30, 4, Stream(probs, stream), 3, presample_factor=2, convention="exact_positive")
+    )
     z = torch.randn(5, 4)
     y = torch.tensor([4, 1, 2, 3, 0])
     sel = head.select_negatives(z)
@@ -244,20 +256,20 @@ def test_logq_correction_subtracts_the_log_inclusion_probability_of_the_first_pa
     want_neg = o[:, sel.negatives] - log_pi(sel.negatives[None])
     want_neg = want_neg.masked_fill(sel.negatives == y[:, None], -math.inf)
     torch.testing.assert_close(logits, torch.cat([want_pos, want_neg], 1))
-    head.remove_accidental_hits = False  # hits kept: the positive is corrected too
+    head.convention = "corrected_all"  # hits kept: the positive is corrected too
     head.sampler.pos = 0
     want_neg = o[:, sel.negatives] - log_pi(sel.negatives[None])
     want_pos = want_pos - log_pi(y[:, None])
     torch.testing.assert_close(head.sampled_logits(z, y), torch.cat([want_pos, want_neg], 1))
 
 
-def test_temperature_is_settable_and_validated():
-    head = TapasHead(50, 3, num_negatives=5, presample_factor=4, temperature=2.0)
-    head.temperature = 0.25
-    assert head.temperature == 0.25 and "temperature=0.25" in repr(head)
+def test_selection_temperature_is_settable_and_validated():
+    head = TapasHead(50, 3, num_negatives=5, presample_factor=4, selection_temperature=2.0)
+    head.selection_temperature = 0.25
+    assert head.selection_temperature == 0.25 and "selection_temperature=0.25" in repr(head)
     for bad in (0.0, -1.0, math.nan, math.inf, True):
-        with pytest.raises(ValueError, match="temperature"):
-            head.temperature = bad
+        with pytest.raises(ValueError, match="selection_temperature"):
+            head.selection_temperature = bad
 
 
 def test_runs_under_bf16_autocast_and_skips_ignored_positions():
@@ -276,7 +288,15 @@ def test_runs_under_bf16_autocast_and_skips_ignored_positions():
 def test_low_precision_queries_outside_autocast_train_like_their_fp32_values(dtype):
     counts = torch.arange(1.0, 65.0)
     presampler = UnigramSampler(counts, alpha=0.75)
-    head = TapasHead(64, 8, 8, 4, 0.5, presampler, logq_correction=True)
+    head = TapasHead(
+        64,
+        8,
+        presampler,
+        8,
+        presample_factor=4,
+        selection_temperature=0.5,
+        convention="exact_positive",
+    )
     randomize(head)
     z = torch.randn(10, 8).to(dtype).requires_grad_(True)
     y = torch.randint(0, 64, (10,))
@@ -295,8 +315,10 @@ def test_bad_arguments_raise():
         TapasHead(100, 4, num_negatives=8, presample_factor=0.5)
     with pytest.raises(ValueError, match="presample_factor"):
         TapasHead(100, 4, num_negatives=8, presample_factor=math.nan)
-    with pytest.raises(ValueError, match="temperature"):
-        TapasHead(100, 4, num_negatives=8, temperature=0.0)
+    with pytest.raises(ValueError, match="selection_temperature"):
+        TapasHead(100, 4, num_negatives=8, selection_temperature=0.0)
+    with pytest.raises(ValueError, match="convention must be one of"):
+        TapasHead(100, 4, num_negatives=8, convention="tensorflow")
     with pytest.raises(ValueError, match="num_negatives must be <= 99"):
         TapasHead(100, 4, num_negatives=100, padding_idx=3)
     with pytest.raises(ValueError, match="num_negatives"):
@@ -306,14 +328,14 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="num_shards"):
         TapasHead(100, 4, num_negatives=8, num_shards=0)
     with pytest.raises(ValueError, match="query-independent"):
-        TapasHead(100, 4, num_negatives=8, presampler=PerQueryOnly(100))
+        TapasHead(100, 4, num_negatives=8, sampler=PerQueryOnly(100))
     with pytest.raises(ValueError, match="num_classes"):
-        TapasHead(100, 4, num_negatives=8, presampler=UniformSampler(99))
+        TapasHead(100, 4, num_negatives=8, sampler=UniformSampler(99))
 
 
 def test_an_overly_skewed_presampler_fails_clearly():
     probs = torch.tensor([1.0 - 9e-12] + [1e-12] * 9)
     presampler = UnigramSampler(probs, alpha=1.0, floor=1e-12)
-    head = TapasHead(10, 2, num_negatives=3, presample_factor=2, presampler=presampler)
+    head = TapasHead(10, 2, num_negatives=3, presample_factor=2, sampler=presampler)
     with pytest.raises(RuntimeError, match="distinct classes"):
         head(torch.randn(2, 2), torch.tensor([0, 1]))

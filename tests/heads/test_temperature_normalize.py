@@ -179,9 +179,9 @@ def test_tapas_batch_scores_use_the_head_logits(temperature, normalize):
         D,
         num_negatives=10,
         presample_factor=2,
-        temperature=tau,
+        selection_temperature=tau,
         bias=True,
-        logit_temperature=temperature,
+        temperature=temperature,
         normalize=normalize,
     )
     with_random_bias(head)
@@ -190,7 +190,7 @@ def test_tapas_batch_scores_use_the_head_logits(temperature, normalize):
     ref = torch.logsumexp(reference_logits(head, z, temperature, normalize)[:, candidates] / tau, 0)
     got = head.batch_scores(head.score_queries(z), candidates)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    assert head.temperature == tau and head.logit_temperature == temperature
+    assert head.selection_temperature == tau and head.temperature == temperature
 
 
 @pytest.mark.parametrize("temperature, normalize", [(0.5, True), (0.25, False)])
@@ -234,15 +234,14 @@ def test_sampled_heads_give_their_sampler_the_scored_queries():
         torch.testing.assert_close(seen[-1], F.normalize(z, dim=-1) / 0.25)
 
 
-def test_logit_temperature_is_settable():
+def test_temperature_is_settable():
     torch.manual_seed(8)
     head = FullSoftmaxHead(N, D)
     z = torch.randn(3, D)
     before = head.logits(z)
-    head.logit_temperature = 0.5
+    head.temperature = 0.5
     torch.testing.assert_close(head.logits(z), 2.0 * before)
     head.temperature = 0.25
-    assert head.logit_temperature == 0.25
     assert "temperature=0.25" in repr(head) and "normalize=False" in repr(head)
 
 
@@ -284,11 +283,11 @@ def test_adaptive_topk_refuses_cosine_logits():
 def test_bad_temperature_is_refused(bad):
     with pytest.raises(ValueError, match="temperature"):
         FullSoftmaxHead(N, D, temperature=bad)
-    with pytest.raises(ValueError, match="logit_temperature"):
-        TapasHead(N, D, num_negatives=4, logit_temperature=bad)
+    with pytest.raises(ValueError, match="temperature"):
+        TapasHead(N, D, num_negatives=4, temperature=bad, selection_temperature=1.0)
     head = SampledSoftmaxHead(N, D, num_negatives=4)
     with pytest.raises(ValueError, match="temperature"):
-        head.logit_temperature = bad
+        head.temperature = bad
 
 
 def test_bad_normalize_and_learnable_sampler_are_refused():

@@ -1,4 +1,5 @@
-"""The codeword-logits Triton kernel against its torch reference, on every device.
+"""The codeword-logits Triton kernel against its torch reference, on every device, and the
+``backend`` that picks one of them (for ``codeword_logits`` and ``MIDXSampler``).
 
 Each test runs on ``"cpu"`` (the kernel under Triton's interpreter) and ``"cuda"`` (compiled;
 marked ``gpu``, skipped without a GPU). A process runs the kernel in one mode only
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from lightning_sampled.kernels.codeword_logits import (
+    BACKENDS,
     codeword_logits,
     codeword_logits_reference,
     codeword_logits_triton,
@@ -44,10 +46,10 @@ def inputs(b, k, d1, d2, dtype=torch.float32, seed=0, scale=1.0, empty_rows=(1,)
     return tuple(t.to(device) for t in (z1, z2, c1, c2, counts.log()))
 
 
-def run_kernel(*args, **kwargs):
-    """The Triton kernel on the device of ``args``; skips where this process cannot run it
-    there (the CPU under a compiling process, CUDA under the interpreter)."""
-    on_cpu = args[0].device.type == "cpu"
+def skip_unless_the_kernel_runs_on(device):
+    """Skips where this process cannot run the Triton kernel on ``device`` (the CPU under a
+    compiling process, CUDA under the interpreter)."""
+    on_cpu = torch.device(device).type == "cpu"
     if on_cpu != triton_interpreted():
         pytest.skip(
             "the Triton interpreter is off in this process (TRITON_INTERPRET=0): `make test` "
@@ -56,6 +58,11 @@ def run_kernel(*args, **kwargs):
             else "the Triton interpreter is on in this process: `make test-gpu` runs the "
             "compiled kernel"
         )
+
+
+def run_kernel(*args, **kwargs):
+    """The Triton kernel on the device of ``args`` (see :func:`skip_unless_the_kernel_runs_on`)."""
+    skip_unless_the_kernel_runs_on(args[0].device)
     with warnings.catch_warnings():  # the interpreter's numpy warns on log(0) = -inf
         warnings.simplefilter("ignore", RuntimeWarning)
         return codeword_logits_triton(*args, **kwargs)
@@ -235,3 +242,114 @@ def test_reference_cell_normalisers_equal_the_brute_force_log_sum_exp(scale, dev
     torch.testing.assert_close(
         codeword_logits_reference(z1, z2, c1, c2, per_query).log_psi, got.log_psi
     )
+
+
+def recorded_implementations(monkeypatch):
+    """Replaces the kernel and the reference with fakes that log their name (the kernel's fake
+    returns the reference's result, so that a sampler can draw with it on any device)."""
+    calls = []
+
+    def fake_kernel(*args, **kwargs):
+        calls.append("triton")
+        return reference(*args)
+
+    def fake_reference(*args):
+        calls.append("torch")
+        return reference(*args)
+
+    reference = module.codeword_logits_reference
+    monkeypatch.setattr(module, "codeword_logits_triton", fake_kernel)
+    monkeypatch.setattr(module, "codeword_logits_reference", fake_reference)
+    return calls
+
+
+def expected_implementation(backend, device):
+    """The implementation ``backend`` names on ``device`` for one table of cell sizes."""
+    return {"torch": "torch", "triton": "triton"}.get(
+        backend, "triton" if device.type == "cuda" else "torch"
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_picks_the_implementation(backend, device, monkeypatch):
+    """``"torch"`` never runs the kernel, ``"triton"`` always does, ``"auto"`` on CUDA only and
+    only for one table of cell sizes (per-query weights ``[B, K, K]`` take the reference)."""
+    calls = recorded_implementations(monkeypatch)
+    args = inputs(5, 4, 3, 3, device=device)
+    codeword_logits(*args, backend=backend)
+    assert calls == [expected_implementation(backend, device)]
+    if backend != "triton":
+        calls.clear()
+        codeword_logits(*args[:4], args[4].expand(5, -1, -1), backend=backend)
+        assert calls == ["torch"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_sampler_computes_its_proposal_with_its_backend(backend, device, monkeypatch):
+    g = torch.Generator().manual_seed(11)
+    sampler = MIDXSampler(60, 4, kmeans_iters=3, backend=backend)
+    sampler.refresh(torch.randn(60, 6, generator=g))
+    sampler.to(device)
+    z = torch.randn(7, 6, generator=g).to(device)
+    calls = recorded_implementations(monkeypatch)
+    sampler.sample(z, 5)
+    sampler.log_prob(z, torch.arange(60, device=device))
+    sampler.sample_and_score(z, 5, torch.arange(3, device=device))
+    assert calls == 3 * [expected_implementation(backend, device)]
+
+
+@pytest.mark.parametrize("quantizer", ["rq", "pq"])
+def test_torch_and_triton_backends_draw_the_same_negatives(quantizer, device):
+    """The kernel and the reference round differently in the last bits of fp32 only (``log q``
+    within 1e-5, not bitwise), so a draw could change bins only where its uniform falls that
+    close to a boundary of the inverse CDF: at these seeds none does, and the same generator
+    seed draws the same ids."""
+    skip_unless_the_kernel_runs_on(device)
+    g = torch.Generator().manual_seed(12)
+    table, z = torch.randn(300, 16, generator=g), torch.randn(37, 16, generator=g).to(device)
+    ids = torch.arange(300, device=device)
+
+    def draw_and_score(backend):
+        sampler = MIDXSampler(300, 8, quantizer, padding_idx=3, kmeans_iters=5, backend=backend)
+        sampler.refresh(table)
+        sampler.to(device)
+        with warnings.catch_warnings():  # the interpreter's numpy warns on log(0) = -inf
+            warnings.simplefilter("ignore", RuntimeWarning)
+            generator = torch.Generator(device=device).manual_seed(13)
+            return sampler.sample(z, 200, generator=generator), sampler.log_prob(z, ids)
+
+    want, want_scores = draw_and_score("torch")
+    got, got_scores = draw_and_score("triton")
+    assert torch.equal(got.ids, want.ids)
+    torch.testing.assert_close(got.log_q, want.log_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_scores, want_scores, atol=1e-5, rtol=1e-5)
+    assert got_scores[:, 3].eq(-math.inf).all()
+
+
+def test_a_bad_backend_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match=r"backend must be one of .*, got 'cuda'"):
+        MIDXSampler(10, 2, backend="cuda")
+    with pytest.raises(ValueError, match=r"backend must be one of .*, got 'Triton'"):
+        codeword_logits(*inputs(5, 4, 3, 3), backend="Triton")
+    with pytest.raises(ValueError, match="backend='triton' needs mode='fast'"):
+        MIDXSampler(10, 2, mode="exact", backend="triton")
+    z1, z2, c1, c2, log_counts = inputs(5, 4, 3, 3)
+    with pytest.raises(ValueError, match=r"log_counts of shape \[K, K\]"):
+        codeword_logits_triton(z1, z2, c1, c2, log_counts.expand(5, -1, -1))
+
+
+def test_the_triton_backend_fails_clearly_where_the_kernel_cannot_run(monkeypatch):
+    sampler = MIDXSampler(30, 3, kmeans_iters=2, backend="triton")
+    sampler.refresh(torch.randn(30, 4, generator=torch.Generator().manual_seed(14)))
+    z = torch.randn(2, 4)
+    monkeypatch.setattr(module, "triton_interpreted", lambda: False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        sampler.sample(z, 3)
+    monkeypatch.setattr(module, "triton", None)
+    with pytest.raises(RuntimeError, match="needs Triton, which is not installed"):
+        sampler.sample(z, 3)
+
+
+def test_the_sampler_reports_its_backend():
+    assert MIDXSampler(30, 3).extra_repr().endswith("backend='auto'")
+    assert "backend='torch'" in repr(MIDXSampler(30, 3, backend="torch"))

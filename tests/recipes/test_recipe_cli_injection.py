@@ -16,7 +16,7 @@ CONFIGS = Path(__file__).parents[2] / "recipes" / "configs"
 SMALL = ["--data.init_args.max_users=40", "--data.init_args.max_len=20"]
 # What the model injects: never a config argument.
 INJECTED = {"num_classes", "dim", "weight", "padding_idx", "counts"}
-INJECTED |= {"sampler", "presampler", "noise_sampler"}
+INJECTED |= {"sampler"}
 
 
 def recipe(head: str) -> list[str]:

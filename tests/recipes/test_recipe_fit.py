@@ -74,14 +74,16 @@ def test_bad_config_errors_are_clear(tmp_path, capsys):
         cli_main(["fit", *base, "--data.init_args.max_len=0"])
 
 
-def test_tapas_config_anneals_the_temperature(tmp_path):
+def test_tapas_config_anneals_the_selection_temperature_only(tmp_path):
     run = [a for a in args("gru4rec_ml-100k", "tapas", tmp_path) if "fast_dev_run" not in a]
     limits = ["--trainer.max_epochs=3", "--trainer.limit_train_batches=1"]
     cli = main([*run, *limits, "--trainer.limit_val_batches=1"], run=False)
     cli.trainer.fit(cli.model, cli.datamodule)
     # exponential 1.0 -> 0.1 over 10 epochs, set at the start of epoch 2 (the third)
-    assert cli.model.head.temperature == pytest.approx(0.1 ** (2 / 10))
-    assert cli.trainer.callback_metrics["head.temperature"] == pytest.approx(0.1 ** (2 / 10))
+    tau = 0.1 ** (2 / 10)
+    assert cli.model.head.selection_temperature == pytest.approx(tau)
+    assert cli.trainer.callback_metrics["head.selection_temperature"] == pytest.approx(tau)
+    assert cli.model.head.temperature == 1.0  # the logits' temperature is left alone
 
 
 def test_tapas_config_presamples_a_small_uniform_share_of_the_catalog(tmp_path):
@@ -90,8 +92,8 @@ def test_tapas_config_presamples_a_small_uniform_share_of_the_catalog(tmp_path):
     trained at less than half uniform's NDCG@10 (recipes/results/tapas_ml-100k.md)."""
     cli = main(args("sasrec_ml-100k", "tapas", tmp_path), run=False)
     head = cli.model.head
-    assert type(head.presampler) is UniformSampler
-    assert head.num_candidates <= head.presampler.num_drawable / 8
+    assert type(head.sampler) is UniformSampler
+    assert head.num_candidates <= head.sampler.num_drawable / 8
 
 
 def test_command_line_overrides_reach_the_head_and_sampler(tmp_path):

@@ -33,7 +33,7 @@ def test_head_gets_the_sampler_the_tied_table_and_one_padding_idx():
     tapas = build_head(
         partial(TapasHead, num_negatives=2), 4, 3, weight=weight, padding_idx=0, sampler=sampler
     )
-    assert isinstance(tapas, TapasHead) and tapas.presampler is sampler
+    assert isinstance(tapas, TapasHead) and tapas.sampler is sampler
     assert tapas.weight is weight and tapas.num_negatives == 2
     head = build_head(SampledSoftmaxHead, 4, 3, padding_idx=0, sampler=sampler)
     assert head.sampler is sampler and head.padding_idx == head.sampler.padding_idx == 0

@@ -9,7 +9,7 @@ from scipy.stats import chisquare
 
 from lightning_sampled.heads import SampledSoftmaxHead
 from lightning_sampled.samplers import MIDXSampler
-from lightning_sampled.samplers.midx import _inverse_cdf, _inverse_cdf_in_row
+from lightning_sampled.samplers.inverse_cdf import inverse_cdf, inverse_cdf_in_row
 
 QUANTIZERS = ["pq", "rq"]
 
@@ -145,10 +145,10 @@ def test_draws_stay_in_their_cell_and_empty_cells_are_never_drawn():
 def test_inverse_cdf_never_returns_a_zero_probability_entry():
     probs = torch.tensor([[0.25, 0.0, 0.75, 0.0, 0.0]])
     u = torch.tensor([[0.0, 0.25, 0.2499, 0.99999994]])
-    assert _inverse_cdf(probs, u).tolist() == [[0, 2, 0, 2]]
+    assert inverse_cdf(probs, u).tolist() == [[0, 2, 0, 2]]
     # fp32 running sums that end below 1 (here 0.9999) still map every u in [0, 1) in range.
     short = torch.tensor([[0.3, 0.3, 0.3999, 0.0]])
-    assert _inverse_cdf(short, torch.tensor([[0.99999994]])).item() == 2
+    assert inverse_cdf(short, torch.tensor([[0.99999994]])).item() == 2
 
 
 def test_inverse_cdf_in_row_draws_from_the_chosen_row_only():
@@ -157,12 +157,12 @@ def test_inverse_cdf_in_row_draws_from_the_chosen_row_only():
     )
     rows = torch.tensor([[0, 0, 0, 2, 2, 3, 3, 3]])
     u = torch.tensor([[0.0, 0.5, 0.99999994, 0.0, 0.99999994, 0.0, 0.5, 0.99999994]])
-    assert _inverse_cdf_in_row(probs, rows, u).tolist() == [[1, 2, 2, 0, 0, 0, 1, 1]]
+    assert inverse_cdf_in_row(probs, rows, u).tolist() == [[1, 2, 2, 0, 0, 0, 1, 1]]
     g = torch.Generator().manual_seed(0)
     probs = torch.rand(3, 5, 5, generator=g) * (torch.rand(3, 5, 5, generator=g) > 0.4)
     probs[:, :, 0] += 1e-3
     rows = torch.randint(0, 5, (3, 20000), generator=g)
-    cols = _inverse_cdf_in_row(probs, rows, torch.rand(3, 20000, generator=g))
+    cols = inverse_cdf_in_row(probs, rows, torch.rand(3, 20000, generator=g))
     assert (probs[torch.arange(3)[:, None], rows, cols] > 0).all()
     for r in range(5):
         drawn = torch.bincount(cols[0][rows[0] == r], minlength=5).double()

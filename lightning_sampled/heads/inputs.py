@@ -1,0 +1,152 @@
+"""Input checks of a head's methods: queries, targets, sample weights and ``k``.
+
+Eager calls raise ``ValueError`` (``IndexError`` for class ids) naming the argument and the bad
+value. Under ``torch.compile`` the checks of tensor values are ``torch._assert_async`` calls (a
+``RuntimeError`` without a host sync, see :mod:`lightning_sampled._validation`), and ``static``
+keeps every position so that no shape depends on the data.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .._validation import check_class_ids, check_finite, check_positive_int
+
+
+class ScoredPositions(NamedTuple):
+    """The positions a head scores.
+
+    Attributes:
+        z: ``[T, D]`` their queries (raw: the head scores them with ``score_queries``).
+        target: long ``[T]`` their targets.
+        mask: bool ``[...]`` (the shape of the target), the positions whose target is not
+            ``ignore_index``.
+    """
+
+    z: Tensor
+    target: Tensor
+    mask: Tensor
+
+
+def check_queries(z: Tensor, num_classes: int, dim: int) -> None:
+    """Checks that ``z`` is a finite float tensor ``[..., dim]`` (for a ``[num_classes, dim]``
+    class table)."""
+    if not z.is_floating_point():
+        raise ValueError(f"z must be a floating-point tensor, got dtype {z.dtype}")
+    if z.dim() < 1 or z.shape[-1] != dim:
+        raise ValueError(
+            f"z must have shape [..., {dim}] to match the class table [{num_classes}, {dim}], "
+            f"got {tuple(z.shape)}"
+        )
+    check_finite("z", z)
+
+
+def check_k(k: int, num_classes: int) -> None:
+    """Checks that ``k`` is an integer in ``[1, num_classes]``."""
+    check_positive_int("k", k)
+    if k > num_classes:
+        raise ValueError(f"k must be <= num_classes={num_classes}, got {k}")
+
+
+def scored_positions(
+    z: Tensor,
+    target: Tensor,
+    num_classes: int,
+    dim: int,
+    *,
+    ignore_index: int,
+    padding_idx: int | None,
+    static: bool = False,
+) -> ScoredPositions:
+    """Validates ``z`` ``[..., dim]`` and ``target`` ``[...]`` (class ids in
+    ``[0, num_classes)``) and keeps the scored positions.
+
+    With ``static`` under ``torch.compile`` every position is kept instead (``T`` is then
+    ``target.numel()``), so that no shape depends on the data and nothing breaks the graph:
+    ignored positions get a stand-in target (class 0, or 1 when 0 is ``padding_idx``), and the
+    caller must weight them 0 (:func:`position_weights` with ``static``).
+    """
+    check_queries(z, num_classes, dim)
+    if tuple(target.shape) != tuple(z.shape[:-1]):
+        raise ValueError(
+            f"target must have shape {tuple(z.shape[:-1])} (z without its last dim), "
+            f"got {tuple(target.shape)}"
+        )
+    check_class_ids(
+        "target", target, num_classes, ignore_index=ignore_index, padding_idx=padding_idx
+    )
+    mask = target != ignore_index
+    if static and torch.compiler.is_compiling():
+        stand_in = int(padding_idx == 0)
+        kept = target.long().where(mask, stand_in).reshape(-1)
+        return ScoredPositions(z.reshape(-1, dim), kept, mask)
+    return ScoredPositions(z[mask], target[mask].long(), mask)
+
+
+def position_weights(
+    sample_weight: Tensor | None,
+    target: Tensor,
+    mask: Tensor,
+    *,
+    ignore_index: int,
+    static: bool = False,
+) -> Tensor | None:
+    """Validates ``sample_weight`` ``[...]`` (the shape of ``target``) and keeps the scored
+    positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given.
+
+    With ``static`` under ``torch.compile`` (the positions of :func:`scored_positions` with
+    ``static``): fp32 ``[target.numel()]`` weights, 0 at the ignored positions, also without
+    ``sample_weight``; their checks are ``torch._assert_async`` calls (``RuntimeError``).
+    """
+    static = static and torch.compiler.is_compiling()
+    if sample_weight is None:
+        return mask.reshape(-1).float() if static else None
+    if not isinstance(sample_weight, Tensor) or sample_weight.shape != target.shape:
+        shape = (
+            tuple(sample_weight.shape)
+            if isinstance(sample_weight, Tensor)
+            else type(sample_weight).__name__
+        )
+        raise ValueError(
+            f"sample_weight must be a tensor of shape {tuple(target.shape)} (that of target), "
+            f"got {shape}"
+        )
+    if sample_weight.dtype == torch.bool or sample_weight.is_complex():
+        raise ValueError(f"sample_weight must be real numbers, got dtype {sample_weight.dtype}")
+    weights = sample_weight.float()
+    check_finite("sample_weight", weights)
+    if static:
+        torch._assert_async((weights >= 0).all(), "sample_weight must be non-negative")
+        weights = (weights * mask).reshape(-1)
+        torch._assert_async(
+            (weights > 0).any() | ~mask.any(),
+            "sample_weight is 0 at all scored positions: the weighted mean is undefined",
+        )
+        return weights
+    if bool((weights < 0).any()):
+        raise ValueError(
+            f"sample_weight must be non-negative, got {float(weights.min()):g} (shape "
+            f"{tuple(weights.shape)})"
+        )
+    weights = weights[mask]
+    if weights.numel() and not bool((weights > 0).any()):
+        raise ValueError(
+            f"sample_weight is 0 at all {weights.numel()} scored positions (targets other than "
+            f"ignore_index={ignore_index}): the weighted mean is undefined"
+        )
+    return weights
+
+
+def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
+    """``mean(losses)``, or ``sum(weights * losses) / sum(weights)``; ``losses`` and ``weights``
+    are ``[T]``. Under ``torch.compile`` weights that are all 0 (every position ignored, see
+    :func:`scored_positions` with ``static``) give 0, as eager heads do, not ``0 / 0``."""
+    if weights is None:
+        return losses.mean()
+    total = weights.sum()
+    if torch.compiler.is_compiling():
+        total = torch.where(total > 0, total, 1.0)
+    return (losses * weights).sum() / total
