@@ -10,7 +10,7 @@ from precision_checks import assert_scored_like_fp32
 from scipy import stats
 
 from lightning_sampled.heads import OneVsEachHead
-from lightning_sampled.samplers import Sample, Sampler, UniformSampler, UnigramSampler
+from lightning_sampled.samplers import MIDXSampler, Sample, Sampler, UniformSampler, UnigramSampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -205,3 +205,22 @@ def test_queries_of_any_float_dtype_outside_autocast_give_the_fp32_loss(dtype, s
     head = make_head(300, 16, num_negatives=20, bias=True, shared_negatives=shared)
     z, z32, y = assert_scored_like_fp32(head, dtype)
     torch.testing.assert_close(head.bound_nll(z, y), head.bound_nll(z32, y), rtol=1e-6, atol=1e-6)
+
+
+def test_a_learning_sampler_trains_its_codewords_through_the_head():
+    """MIDX-Learn's codewords get the gradient of the sampler's auxiliary loss, which the head
+    adds to the bound (as every ProposalHead does)."""
+    torch.manual_seed(0)
+    sampler = MIDXSampler(60, 4, learnable=True, dim=8, kmeans_iters=3)
+    head = OneVsEachHead(60, 8, sampler, 5)
+    head.refresh_index()
+    z, y = torch.randn(6, 8), torch.randint(60, (6,))
+    torch.manual_seed(1)
+    loss = head(z, y)
+    torch.manual_seed(1)
+    ids, log_w = head.draw(head.score_queries(z), y)
+    pos, neg = head.target_and_candidate_logits(z, y, ids)
+    bound = (torch.nn.functional.softplus(neg - pos[:, None]) * log_w.exp()).sum(1).mean()
+    torch.testing.assert_close(loss, bound + sampler.auxiliary_loss(z, head.weight))
+    loss.backward()
+    assert sampler.codewords.grad is not None and bool(sampler.codewords.grad.abs().sum() > 0)
