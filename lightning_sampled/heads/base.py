@@ -55,14 +55,15 @@ class OutputHead(nn.Module):
     of ``target``), non-negative; the loss is then ``sum(w * loss) / sum(w)`` over the scored
     positions (those whose target is not ``ignore_index``), which must not all have weight 0.
 
-    ``torch.compile``: the training losses of :class:`~lightning_sampled.heads.FullSoftmaxHead`
-    and of :class:`~lightning_sampled.heads.SampledSoftmaxHead` with the uniform, unigram or
-    log-uniform sampler compile without graph breaks (``tests/heads/test_compile.py``; not yet
-    with ``normalize=True``, MIDX, TAPAS or in-batch negatives). There the input checks are
-    ``torch._assert_async`` calls (bad input raises ``RuntimeError`` without a host sync, see
-    :mod:`lightning_sampled._validation`) and ignored positions are weighted 0 instead of
-    dropped, so that no shape depends on the data; eager steps keep the ``ValueError`` /
-    ``IndexError`` checks.
+    ``torch.compile``: the training losses of :class:`~lightning_sampled.heads.FullSoftmaxHead`,
+    of :class:`~lightning_sampled.heads.SampledSoftmaxHead` with the uniform, unigram or
+    log-uniform sampler and of :class:`~lightning_sampled.heads.OneVsEachHead` compile without
+    graph breaks (``tests/heads/test_compile.py``, ``tests/heads/test_contract.py``; not yet
+    with ``normalize=True`` on the full softmax, MIDX, TAPAS, CANE or in-batch negatives).
+    There the input checks are ``torch._assert_async`` calls (bad input raises ``RuntimeError``
+    without a host sync, see :mod:`lightning_sampled._validation`) and ignored positions are
+    weighted 0 instead of dropped, so that no shape depends on the data; eager steps keep the
+    ``ValueError`` / ``IndexError`` checks.
 
     Precision: ``z`` may come in any float dtype, under autocast or not, whatever the dtype of the
     class table. Every product of queries and class vectors runs in :func:`compute_dtype` of
