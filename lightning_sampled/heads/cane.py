@@ -187,6 +187,10 @@ class CaneHead(ProposalHead):
             ``FutureWarning``: ``noise_sampler`` (``sampler``).
     """
 
+    # The coverage counts the scored positions: no stand-in positions under torch.compile.
+    positions_apart = False
+    noise_sampler = renamed_attribute("noise_sampler", "sampler")
+
     def __init__(
         self,
         num_classes: int,
@@ -249,10 +253,6 @@ class CaneHead(ProposalHead):
         else:
             self.edges = nn.Parameter(vectors)
         self.refresh_index()
-
-    # The coverage counts the scored positions: no stand-in positions under torch.compile.
-    positions_apart = False
-    noise_sampler = renamed_attribute("noise_sampler", "sampler")
 
     # -- construction -----------------------------------------------------------------------------
 
