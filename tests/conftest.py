@@ -14,6 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import faiss  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
+from kernel_runs import needs_cuda  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -31,9 +33,13 @@ def one_torch_thread():
     """Small matmuls and gathers: intra-op threads only add contention on a loaded 2-core machine
     (7 s instead of 0.05 s per test at a load of 14). Modules opt in with
     ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
-    import torch
-
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
+def device(request):
+    """The device a kernel test runs on: the CPU, and CUDA where there is one (``gpu``)."""
+    return torch.device(request.param)

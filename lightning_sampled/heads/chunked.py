@@ -140,10 +140,16 @@ def unit_rows_backward_(weight: Tensor, grad: Tensor, chunk_size: int) -> Tensor
     ``unit_rows(weight)``, into the gradient with respect to ``weight`` ``[N, D]`` (the
     vector-Jacobian product of :func:`unit_rows`, so never an ``[N, D]`` temporary)."""
     for start, end in class_chunks(weight.shape[0], chunk_size):
-        rows = widened(weight[start:end].detach()).requires_grad_()
-        with torch.enable_grad():
-            (grad_rows,) = torch.autograd.grad(unit_rows(rows), rows, grad[start:end])
-        grad[start:end] = grad_rows
+        grad[start:end] = unit_rows_vjp(weight[start:end], grad[start:end])
+    return grad
+
+
+def unit_rows_vjp(rows: Tensor, grad_unit: Tensor) -> Tensor:
+    """The gradient with respect to ``rows`` ``[C, D]`` of a loss whose gradient with respect to
+    ``unit_rows(rows)`` is ``grad_unit`` ``[C, D]``; fp32 (fp64 for fp64 rows)."""
+    rows = widened(rows.detach()).requires_grad_()
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(unit_rows(rows), rows, widened(grad_unit))
     return grad
 
 

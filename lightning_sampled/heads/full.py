@@ -5,6 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from .base import OutputHead
+from .exact_backends import check_exact_backend, handoff_nll, resolve_backend
+from .fused import fused_nll
 
 
 class FullSoftmaxHead(OutputHead):
@@ -22,11 +24,60 @@ class FullSoftmaxHead(OutputHead):
     logit would make the loss infinite. With a padding class the loss thus equals
     ``F.cross_entropy`` on the logits without the padding column. Only the training objective
     (``forward``) is smoothed; :meth:`full_loss` and :meth:`log_prob` stay the exact NLL.
+
+    Args:
+        backend: how the exact cross-entropy (``forward``, :meth:`full_loss`, :meth:`log_prob`)
+            is computed, one of
+            :data:`~lightning_sampled.heads.exact_backends.EXACT_BACKENDS`: ``"auto"`` (the
+            fused Triton kernel for CUDA queries when Triton is installed, the chunked torch
+            path otherwise), ``"torch"``, ``"triton"``, or a hand-off to an installed peer,
+            ``"cut_cross_entropy"`` or ``"linear_cross_entropy"``, which support fewer options
+            (:mod:`~lightning_sampled.heads.exact_backends` lists them, and which of them
+            filter small gradients). ``ValueError`` where the backend cannot run here or
+            does not support the head's options.
+        **options: those of :class:`OutputHead`.
     """
 
     supports_label_smoothing = True
+
+    def __init__(self, num_classes: int, dim: int, *, backend: str = "auto", **options) -> None:
+        super().__init__(num_classes, dim, **options)
+        self.backend = check_exact_backend(
+            backend,
+            bias=self.bias is not None,
+            padding_idx=self.padding_idx,
+            normalize=self.normalize,
+            label_smoothing=self.label_smoothing,
+        )
 
     def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
         """Mean exact (label-smoothed) cross-entropy of ``target`` ``[...]`` given ``z``
         ``[..., D]``, weighted by ``sample_weight`` ``[...]`` when given; a scalar."""
         return self._exact_loss(z, target, sample_weight, self.label_smoothing)
+
+    def _exact_losses(
+        self, queries: Tensor, target: Tensor, label_smoothing: float = 0.0
+    ) -> Tensor:
+        backend = resolve_backend(self.backend, queries)
+        if backend == "torch":
+            return super()._exact_losses(queries, target, label_smoothing)
+        if backend == "triton":
+            return fused_nll(
+                queries,
+                self.class_table(),
+                self.bias,
+                target,
+                self.chunk_size,
+                self.padding_idx,
+                normalize=self.normalize,
+                label_smoothing=label_smoothing,
+            )
+        return handoff_nll(backend, queries, self.class_table(), self.bias, target)
+
+    def extra_repr(self) -> str:
+        device = self.weight.device
+        shown = f"backend={self.backend!r}"
+        if self.backend == "auto":
+            probe = self.weight.detach()[:0]
+            shown += f" ({resolve_backend('auto', probe)} on {device.type})"
+        return f"{super().extra_repr()}, {shown}"

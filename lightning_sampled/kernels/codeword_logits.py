@@ -28,11 +28,8 @@ computes ``s1``, ``s2`` and ``log_psi`` in one kernel launch (one program per bl
 ``[K, K]`` table), the reference otherwise; ``"torch"``, always the reference; ``"triton"``,
 always the kernel. Everything is accumulated in fp32 whatever the input dtype.
 
-Triton has no CPU backend: on CPU tensors the kernel runs under Triton's interpreter, which
-``TRITON_INTERPRET=1`` switches on for the whole process when Triton is imported
-(:func:`triton_interpreted`). One process cannot run both modes: ``triton.jit`` picks the mode
-when it decorates, Triton's own library functions (``tl.max``, ``tl.sum``) included, and an
-interpreted kernel fails on them if they were compiled, and vice versa.
+Triton has no CPU backend: on CPU tensors the kernel runs under Triton's interpreter
+(:func:`~lightning_sampled.kernels._triton.triton_interpreted` says why one process runs one mode).
 """
 
 from __future__ import annotations
@@ -42,11 +39,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # Triton ships for Linux only; the reference serves everywhere else.
-    triton = None
+from ._triton import check_kernel_runs_on, tl, triton, triton_interpreted
 
 LOGIT_BOUND = 2.0**126  # |logit| clamp: differences of two clamped logits stay finite in fp32
 MIN_LOG_ROW_WEIGHT = -700.0  # rows of cells below e^-700 of the best live codeword get P1 = 0
@@ -190,19 +183,18 @@ def codeword_logits_triton(
         ValueError: ``log_counts`` is not one ``[K, K]`` table (the kernel has no per-query
             cell weights).
     """
-    if triton is None:
-        raise RuntimeError("codeword_logits_triton needs Triton, which is not installed")
     if log_counts.dim() != 2:
         raise ValueError(
             "codeword_logits_triton takes log_counts of shape [K, K] (one table for every "
             f"query), got {tuple(log_counts.shape)}; per-query weights take the torch reference"
         )
-    if z1.device.type == "cpu" and not triton_interpreted():
-        raise RuntimeError(
-            "codeword_logits_triton got CPU tensors, but Triton has no CPU backend and this "
-            "process imported it without TRITON_INTERPRET=1 (its interpreter); pass GPU "
-            "tensors, use codeword_logits_reference, or set TRITON_INTERPRET=1 before importing"
-        )
+    check_kernel_runs_on(
+        "codeword_logits_triton",
+        z1,
+        installed=triton is not None,
+        interpreted=triton_interpreted(),
+        reference="codeword_logits_reference",
+    )
     z1, z2, c1, c2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (z1, z2, c1, c2))
     log_counts = log_counts.float().contiguous()
     live1, live2 = (live.to(torch.int8) for live in live_codewords(log_counts))
@@ -223,15 +215,6 @@ def codeword_logits_triton(
             BLOCK_B=block_b, BLOCK_K=block_k, BLOCK_D=block_d,
         )  # fmt: skip
     return with_first_stage(s1, s2, log_psi)
-
-
-def triton_interpreted() -> bool:
-    """Whether this process runs the Triton kernel under Triton's interpreter (it was imported
-    with ``TRITON_INTERPRET=1``): then on tensors of any device, copied to the host; otherwise
-    compiled, on GPU tensors only. ``False`` without Triton."""
-    return triton is not None and not isinstance(
-        _codeword_logits_kernel, triton.runtime.jit.JITFunction
-    )
 
 
 if triton is not None:

@@ -109,7 +109,8 @@ CANE_BREAKS = f"{DROPS}; its tree cache compares data pointers (heads/cane.py)"
 
 # fmt: off
 HEADS: dict[str, Head] = {
-    "full": Head(lambda n, d, s, **o: FullSoftmaxHead(n, d, **o), None, refuses=()),
+    "full": Head(lambda n, d, s, **o: FullSoftmaxHead(n, d, backend="torch", **o), None, refuses=()),  # noqa: E501
+    "full_triton": Head(lambda n, d, s, **o: FullSoftmaxHead(n, d, backend="triton", **o), None, refuses=(), breaks="the fused kernels launch from an autograd.Function, not a registered op"),  # noqa: E501
     "sampled_uniform": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, **o), proposals=ANY),  # noqa: E501
     "sampled_shared": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, shared_negatives=True, **o), proposals=QUERY_INDEPENDENT),  # noqa: E501
     "sampled_in_batch": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, in_batch_negatives=True, target_counts=target_counts(n), **o), breaks=f"{DROPS}; TargetFrequency.ready reads the host"),  # noqa: E501

@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from kernel_runs import needs_cuda, skip_unless_the_kernel_runs_on
 
 from lightning_sampled.kernels.codeword_logits import (
     BACKENDS,
@@ -27,12 +28,6 @@ from lightning_sampled.samplers import MIDXSampler
 
 # the module, not the function of the same name that lightning_sampled.kernels exports
 module = importlib.import_module("lightning_sampled.kernels.codeword_logits")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
-def device(request):
-    return torch.device(request.param)
 
 
 def inputs(b, k, d1, d2, dtype=torch.float32, seed=0, scale=1.0, empty_rows=(1,), device="cpu"):
@@ -44,20 +39,6 @@ def inputs(b, k, d1, d2, dtype=torch.float32, seed=0, scale=1.0, empty_rows=(1,)
     counts = torch.randint(0, 4, (k, k), generator=g).float()
     counts[list(empty_rows)] = 0.0  # whole rows of empty cells: log_psi = -inf there
     return tuple(t.to(device) for t in (z1, z2, c1, c2, counts.log()))
-
-
-def skip_unless_the_kernel_runs_on(device):
-    """Skips where this process cannot run the Triton kernel on ``device`` (the CPU under a
-    compiling process, CUDA under the interpreter)."""
-    on_cpu = torch.device(device).type == "cpu"
-    if on_cpu != triton_interpreted():
-        pytest.skip(
-            "the Triton interpreter is off in this process (TRITON_INTERPRET=0): `make test` "
-            "runs the CPU kernel"
-            if on_cpu
-            else "the Triton interpreter is on in this process: `make test-gpu` runs the "
-            "compiled kernel"
-        )
 
 
 def run_kernel(*args, **kwargs):

@@ -1,0 +1,123 @@
+"""The implementations :class:`~lightning_sampled.heads.FullSoftmaxHead` can compute its exact
+cross-entropy with, and which one ``backend="auto"`` picks.
+
+- ``"torch"``: :func:`~lightning_sampled.heads.chunked.chunked_nll`, plain torch in class chunks
+  (every device, every option, fp64 included).
+- ``"triton"``: :func:`~lightning_sampled.heads.fused.fused_nll`, the fused Triton passes (CUDA;
+  CPU only under Triton's interpreter), every option and dtype.
+- ``"cut_cross_entropy"``: a hand-off to Cut Cross-Entropy (``pip install cut-cross-entropy``),
+  its Triton implementation on CUDA (``impl="cce"``), ``"torch_compile"`` elsewhere. It filters
+  small gradients: its default ``filter_eps="high"`` skips the blocks of the backward whose softmax
+  entries all fall below bf16's resolution (``2^-12``), which it states loses nothing at bf16;
+  the hand-off keeps that default. No bias, ``padding_idx``, ``normalize`` or label smoothing.
+- ``"linear_cross_entropy"``: a hand-off to torch's ``F.linear_cross_entropy`` with its chunked
+  path (``options=nn.LinearCrossEntropyOptions()``; torch >= 2.13), which does not filter. Bias;
+  no ``padding_idx``, ``normalize`` or label smoothing (with which torch leaves its chunked path
+  for the whole ``[T, N]`` logits).
+
+``"auto"`` is ``"triton"`` for CUDA queries whose matmul dtype is bf16, fp16 or fp32 when Triton
+is installed, ``"torch"`` otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .chunked import compute_dtype
+
+#: the values of ``FullSoftmaxHead(backend=...)``
+EXACT_BACKENDS = ("auto", "torch", "triton", "cut_cross_entropy", "linear_cross_entropy")
+#: matmul dtypes for which ``"auto"`` picks the fused kernel (fp64 takes the torch path)
+AUTO_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the options each hand-off cannot take
+_HANDOFF_LIMITS = {
+    "cut_cross_entropy": ("bias", "padding_idx", "normalize", "label_smoothing"),
+    "linear_cross_entropy": ("padding_idx", "normalize", "label_smoothing"),
+}
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def backend_missing(backend: str) -> str | None:
+    """Why ``backend`` cannot run in this environment, or ``None`` where it can."""
+    if backend == "triton" and not triton_installed():
+        return "it needs Triton (pip install triton; Linux only)"
+    if backend == "cut_cross_entropy" and importlib.util.find_spec("cut_cross_entropy") is None:
+        return "it needs Cut Cross-Entropy (pip install cut-cross-entropy)"
+    if backend == "linear_cross_entropy" and not hasattr(F, "linear_cross_entropy"):
+        return f"torch {torch.__version__} has no F.linear_cross_entropy (torch >= 2.13 has)"
+    return None
+
+
+def check_exact_backend(
+    backend: str,
+    *,
+    bias: bool,
+    padding_idx: int | None,
+    normalize: bool,
+    label_smoothing: float,
+) -> str:
+    """``backend`` if it is one of :data:`EXACT_BACKENDS`, can run here and supports the head's
+    options; ``ValueError`` saying which of these fails otherwise."""
+    if backend not in EXACT_BACKENDS:
+        raise ValueError(f"backend must be one of {list(EXACT_BACKENDS)}, got {backend!r}")
+    missing = backend_missing(backend)
+    if missing:
+        raise ValueError(f"backend={backend!r} cannot run here: {missing}")
+    used = dict(
+        bias=bias,
+        padding_idx=padding_idx is not None,
+        normalize=normalize,
+        label_smoothing=bool(label_smoothing),
+    )
+    unsupported = [name for name in _HANDOFF_LIMITS.get(backend, ()) if used[name]]
+    if unsupported:
+        raise ValueError(
+            f"backend={backend!r} does not support {', '.join(unsupported)}; use backend="
+            f"'triton' or 'torch', which support every option"
+        )
+    return backend
+
+
+def resolve_backend(backend: str, z: Tensor) -> str:
+    """The backend that computes the loss of queries ``z``: ``backend`` itself, or for
+    ``"auto"`` the one the module docstring names."""
+    if backend != "auto":
+        return backend
+    fused = z.is_cuda and compute_dtype(z) in AUTO_FUSED_DTYPES and triton_installed()
+    return "triton" if fused else "torch"
+
+
+def handoff_nll(
+    backend: str,
+    z: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+) -> Tensor:
+    """Per-row exact cross-entropy ``[T]`` (fp32) by the peer ``backend`` names, its matmuls in
+    :func:`~lightning_sampled.heads.chunked.compute_dtype` of ``z``."""
+    dtype = compute_dtype(z)
+    z_c, w_c = z.to(dtype), weight.to(dtype)
+    with torch.autocast(z.device.type, enabled=False):
+        if backend == "cut_cross_entropy":
+            from cut_cross_entropy import linear_cross_entropy
+
+            impl = "cce" if z.is_cuda else "torch_compile"
+            loss = linear_cross_entropy(z_c, w_c, target, reduction="none", impl=impl)
+        else:
+            loss = F.linear_cross_entropy(
+                z_c,
+                w_c,
+                target,
+                linear_bias=None if bias is None else bias.to(dtype),
+                reduction="none",
+                options=nn.LinearCrossEntropyOptions(),
+            )
+    return loss.float()
