@@ -12,14 +12,9 @@ setup:
 test: setup
 	$(PY) -m pytest -q
 
-# The kernel and CUDA-path tests (kernels, compiled heads, CUDA RNG state) on a GPU machine, with
-# Triton compiled (TRITON_INTERPRET=0).
-# Triton's interpreter is on or off for a whole process (it is read when Triton is imported), so
-# the kernel's CPU cases, which need it, skip here and run under `make test`.
+# The kernel and CUDA-path tests on a GPU machine, Triton compiled (scripts/test_gpu.sh says which).
 test-gpu: setup
-	$(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available() and 'test-gpu needs CUDA')"
-	TRITON_INTERPRET=0 $(PY) -m pytest -q -p no:cacheprovider -rs tests/kernels \
-	    tests/heads/test_compile.py tests/callbacks/test_rng_checkpoint.py
+	PY=$(PY) bash scripts/test_gpu.sh
 
 demo: setup
 	$(PY) -m recipes.demo

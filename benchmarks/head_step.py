@@ -67,6 +67,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,7 @@ warnings.filterwarnings(
 )
 
 NUM_NEGATIVES = 100
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CODEBOOK_SIZE = 32
 WARMUP_CLASSES = 1_000
 #: memory kept free beside a method's estimated need before it is run
@@ -143,13 +145,23 @@ class Problem:
         return nn.Parameter(self.table)
 
 
-def make_problem(num_classes: int, batch: int, dim: int, device: str, seed: int = 0) -> Problem:
-    """The class table (``N(0, 0.05^2)`` entries), queries (``N(0, 1)``) and Zipfian targets."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    table = (torch.randn(num_classes, dim, generator=gen) * 0.05).to(device)
-    z = torch.randn(batch, dim, generator=gen).to(device).requires_grad_()
+def make_problem(
+    num_classes: int,
+    batch: int,
+    dim: int,
+    device: str,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Problem:
+    """The class table (``N(0, 0.05^2)`` entries) and queries (``N(0, 1)``) in ``dtype``, drawn
+    on ``device`` by its own seeded generator (a GPU draws a 5 GB table in milliseconds), and
+    Zipfian targets (drawn on the CPU)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    table = (torch.randn(num_classes, dim, generator=gen, device=device) * 0.05).to(dtype)
+    z = torch.randn(batch, dim, generator=gen, device=device).to(dtype).requires_grad_()
     counts = 1.0 / torch.arange(1, num_classes + 1, dtype=torch.float64)
-    target = torch.multinomial(counts, batch, replacement=True, generator=gen).to(device)
+    cpu_gen = torch.Generator().manual_seed(seed)
+    target = torch.multinomial(counts, batch, replacement=True, generator=cpu_gen).to(device)
     return Problem(table, z, target, counts)
 
 
@@ -205,9 +217,10 @@ def build_cut_cross_entropy(problem: Problem) -> Built:
     from cut_cross_entropy import linear_cross_entropy
 
     p, weight = problem, problem.new_weight()
+    impl = "cce" if p.z.is_cuda else "torch_compile"  # its Triton kernels need a GPU
 
     def loss_fn() -> Tensor:
-        return linear_cross_entropy(p.z, weight, p.target, impl="torch_compile")
+        return linear_cross_entropy(p.z, weight, p.target, impl=impl)
 
     return loss_fn, [weight, p.z]
 
@@ -222,7 +235,7 @@ def build_adaptive(problem: Problem) -> Built:
     torch.manual_seed(0)
     model = nn.AdaptiveLogSoftmaxWithLoss(
         p.dim, p.num_classes, adaptive_cutoffs(p.num_classes), div_value=4.0
-    ).to(p.z.device)
+    ).to(p.z.device, p.z.dtype)
 
     def loss_fn() -> Tensor:
         return model(p.z, p.target).loss
@@ -246,15 +259,32 @@ def head_builder(
         def loss_fn() -> Tensor:
             if reassign:
                 head.refresh_index()
-            return head(problem.z, problem.target)
+            with mixed_precision(problem.z):
+                return head(problem.z, problem.target)
 
         return loss_fn, [*head.parameters(), problem.z]
 
     return build
 
 
+def mixed_precision(z: Tensor) -> AbstractContextManager:
+    """Autocast to ``z``'s dtype where it is bf16 / fp16, as Lightning's ``"bf16-mixed"`` runs
+    a head: our heads' products run in fp32 for half-precision inputs outside autocast
+    (``heads/chunked.py``: ``compute_dtype``), while the peers take the half-precision tensors as
+    they are."""
+    half = z.dtype in (torch.bfloat16, torch.float16)
+    return torch.autocast(z.device.type, dtype=z.dtype) if half else nullcontext()
+
+
 def full_head(problem: Problem, sparse_grad: bool) -> nn.Module:
     return FullSoftmaxHead(problem.num_classes, problem.dim, weight=problem.new_weight())
+
+
+def chunked_full_head(problem: Problem, sparse_grad: bool) -> nn.Module:
+    """The exact head's torch path in class chunks (``backend="torch"``), what ``"auto"`` runs
+    on the CPU and ran everywhere before the fused kernel."""
+    p = problem
+    return FullSoftmaxHead(p.num_classes, p.dim, weight=p.new_weight(), backend="torch")
 
 
 def sampled_head(
@@ -372,6 +402,14 @@ def all_methods() -> list[Method]:
         ),
         Method("adaptive_log_softmax", "peer", False, False, build_adaptive),
         Method("full_softmax_head", "ours", True, False, head_builder(full_head, False)),
+        Method(
+            "full_softmax_head_chunked",
+            "ours",
+            True,
+            False,
+            head_builder(chunked_full_head, False),
+            requires="cuda",
+        ),
     ]
     for name, make_head in SPARSE_CAPABLE_HEADS.items():
         for sparse in (False, True):
@@ -384,8 +422,12 @@ METHODS = {m.name: m for m in all_methods()}
 REFERENCE = "plain_cross_entropy"
 
 
-def missing_requirement(method: Method) -> str | None:
-    """Why ``method`` cannot run in this environment (``None`` when it can)."""
+def missing_requirement(method: Method, device: str = "cpu") -> str | None:
+    """Why ``method`` cannot run in this environment on ``device`` (``None`` when it can).
+    ``requires="cuda"``: a row that only differs from another on the GPU (on the CPU
+    ``full_softmax_head``'s ``backend="auto"`` is the chunked path)."""
+    if method.requires == "cuda":
+        return None if device == "cuda" else "CUDA only: on the CPU it is full_softmax_head"
     if method.requires:
         try:
             importlib.import_module(method.requires)
@@ -416,7 +458,7 @@ def available_bytes(device: str) -> int:
 
 def skip_reason(method: Method, num_classes: int, batch: int, dim: int, device: str) -> str | None:
     """Why ``method`` is not run at ``num_classes`` (missing package, or too little memory)."""
-    missing = missing_requirement(method)
+    missing = missing_requirement(method, device)
     if missing:
         return missing
     need = estimated_bytes(method, num_classes, batch, dim)
@@ -442,10 +484,12 @@ def make_step(method: Method, problem: Problem) -> Callable[[], None]:
     return step
 
 
-def warm_up(method: Method, batch: int, dim: int, device: str) -> None:
+def warm_up(
+    method: Method, batch: int, dim: int, device: str, dtype: torch.dtype = torch.float32
+) -> None:
     """One step on a small problem: compiles, lazy initialisations and thread pools happen here,
     outside what is timed or measured."""
-    make_step(method, make_problem(WARMUP_CLASSES, batch, dim, device))()
+    make_step(method, make_problem(WARMUP_CLASSES, batch, dim, device, dtype=dtype))()
 
 
 def synchronize(device: str) -> None:
@@ -463,9 +507,15 @@ def timed(step: Callable[[], None], device: str) -> float:
 
 
 def time_methods(
-    methods: Sequence[Method], problem: Problem, repeats: int, device: str
+    methods: Sequence[Method],
+    problem: Problem,
+    repeats: int,
+    device: str,
+    peaks: dict[str, float] | None = None,
 ) -> dict[str, list[float]]:
-    """Seconds per step of each method, ``repeats`` round-robin rounds (one step each per round)."""
+    """Seconds per step of each method, ``repeats`` round-robin rounds (one step each per round);
+    with ``peaks``, then one more step of each with its peak extra memory stored there (CUDA's
+    allocator statistics are exact within one process, unlike the CPU's peak RSS)."""
     steps, build_s = {}, {}
     for m in methods:
         start = time.perf_counter()
@@ -478,24 +528,34 @@ def time_methods(
             times[name].append(timed(step, device))
         shown = ", ".join(f"{name} {t[-1]:.3f}s" for name, t in times.items())
         print(f"  round {r + 1}/{repeats}: {shown}", flush=True)
+    if peaks is not None:
+        for name, step in steps.items():
+            gc.collect()
+            peaks[name] = peak_extra_bytes(step, device)
     return times
 
 
 def measure_memory(
-    name: str, sizes: Sequence[int], batch: int, dim: int, device: str, threads: int | None
+    name: str,
+    sizes: Sequence[int],
+    batch: int,
+    dim: int,
+    device: str,
+    threads: int | None,
+    dtype: torch.dtype = torch.float32,
 ) -> list[float | str]:
     """Peak extra bytes of one step of method ``name`` at each size, in this (fresh) process;
     a size the method is not run at gives the reason instead."""
     set_threads(threads)
     method = METHODS[name]
-    warm_up(method, batch, dim, device)
+    warm_up(method, batch, dim, device, dtype)
     peaks: list[float | str] = []
     for n in sizes:
         reason = skip_reason(method, n, batch, dim, device)
         if reason:
             peaks.append(reason)
             continue
-        step = make_step(method, make_problem(n, batch, dim, device))
+        step = make_step(method, make_problem(n, batch, dim, device, dtype=dtype))
         gc.collect()
         peaks.append(peak_extra_bytes(step, device))
         del step
@@ -504,7 +564,13 @@ def measure_memory(
 
 
 def memory_in_subprocess(
-    name: str, sizes: Sequence[int], batch: int, dim: int, device: str, threads: int | None
+    name: str,
+    sizes: Sequence[int],
+    batch: int,
+    dim: int,
+    device: str,
+    threads: int | None,
+    dtype: torch.dtype = torch.float32,
 ) -> list[float | str]:
     """:func:`measure_memory` in a fresh process, forked from a server that has only imported
     this module (so that each method pays no import time); a crash becomes the reason."""
@@ -512,7 +578,7 @@ def memory_in_subprocess(
     context.set_forkserver_preload(["benchmarks.head_step"])
     module = importlib.import_module("benchmarks.head_step")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        future = pool.submit(module.measure_memory, name, sizes, batch, dim, device, threads)
+        future = pool.submit(module.measure_memory, name, sizes, batch, dim, device, threads, dtype)
         try:
             return future.result()
         except BrokenProcessPool as error:
@@ -549,22 +615,25 @@ def selected_methods(args: argparse.Namespace) -> list[Method]:
     return [m for m in METHODS.values() if m.name in wanted]
 
 
-def time_all_sizes(args: argparse.Namespace) -> dict[tuple[str, int], list[float] | str]:
+def time_all_sizes(
+    args: argparse.Namespace, cuda_peaks: dict[tuple[str, int], float]
+) -> dict[tuple[str, int], list[float] | str]:
     """``(method, N) -> seconds per round``, or the reason the method was not run there. Plain
-    cross-entropy, the reference of the ratios, is exempt from ``--max-step-seconds``."""
+    cross-entropy, the reference of the ratios, is exempt from ``--max-step-seconds``. On CUDA
+    the peak memory of each timed step is stored in ``cuda_peaks`` as well."""
     results: dict[tuple[str, int], list[float] | str] = {}
     runnable = []
     for method in selected_methods(args):
-        missing = missing_requirement(method)
+        missing = missing_requirement(method, args.device)
         if missing:
             results.update({(method.name, n): missing for n in args.sizes})
             continue
-        warm_up(method, args.batch, args.dim, args.device)
+        warm_up(method, args.batch, args.dim, args.device, args.dtype)
         runnable.append(method)
     previous: dict[str, tuple[int, list[float]]] = {}
     for n in args.sizes:
         print(f"N = {n:,}: building", flush=True)
-        problem = make_problem(n, args.batch, args.dim, args.device)
+        problem = make_problem(n, args.batch, args.dim, args.device, dtype=args.dtype)
         timed_here = []
         for method in runnable:
             reason = skip_reason(method, n, args.batch, args.dim, args.device)
@@ -575,7 +644,9 @@ def time_all_sizes(args: argparse.Namespace) -> dict[tuple[str, int], list[float
                 print(f"  {method.name}: {reason}", flush=True)
             else:
                 timed_here.append(method)
-        times = time_methods(timed_here, problem, args.repeats, args.device)
+        peaks: dict[str, float] | None = {} if args.device == "cuda" else None
+        times = time_methods(timed_here, problem, args.repeats, args.device, peaks)
+        cuda_peaks.update({(name, n): peak for name, peak in (peaks or {}).items()})
         results.update({(name, n): t for name, t in times.items()})
         previous.update({name: (n, t) for name, t in times.items()})
         del problem
@@ -584,11 +655,16 @@ def time_all_sizes(args: argparse.Namespace) -> dict[tuple[str, int], list[float
 
 
 def measure_all_memory(
-    args: argparse.Namespace, times: dict[tuple[str, int], list[float] | str]
+    args: argparse.Namespace,
+    times: dict[tuple[str, int], list[float] | str],
+    cuda_peaks: dict[tuple[str, int], float],
 ) -> dict[tuple[str, int], float | str]:
     """``(method, N) -> peak extra bytes``, or the reason it was not measured (the timing's reason
-    where the method was not timed at that size); one fresh process per method."""
+    where the method was not timed at that size); one fresh process per method on the CPU, the
+    timing's own ``cuda_peaks`` on CUDA."""
     peaks: dict[tuple[str, int], float | str] = {}
+    if args.device == "cuda":
+        return {key: cuda_peaks.get(key, value) for key, value in times.items()}
     for method in selected_methods(args):
         sizes = [n for n in args.sizes if isinstance(times[method.name, n], list)]
         peaks.update({(method.name, n): times[method.name, n] for n in args.sizes})
@@ -596,7 +672,7 @@ def measure_all_memory(
             continue
         start = time.perf_counter()
         values = memory_in_subprocess(
-            method.name, sizes, args.batch, args.dim, args.device, args.threads
+            method.name, sizes, args.batch, args.dim, args.device, args.threads, args.dtype
         )
         shown = ", ".join(v if isinstance(v, str) else f"{v / 2**20:.1f} MiB" for v in values)
         print(f"  memory {method.name}: {shown} ({time.perf_counter() - start:.1f}s)", flush=True)
@@ -689,10 +765,22 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def device_name(device: str) -> str:
+    """``device``, with the GPU's name and the Triton version on CUDA."""
+    if device != "cuda":
+        return device
+    import triton
+
+    return f"cuda ({torch.cuda.get_device_name()}, Triton {triton.__version__})"
+
+
 def notes(args: argparse.Namespace) -> str:
     return f"""
 One training step (forward + backward, no optimizer step), B = {args.batch}, D = {args.dim},
-device {args.device}, {args.threads or torch.get_num_threads()} torch thread(s); Zipfian targets.
+{str(args.dtype).removeprefix("torch.")} table and queries, device {device_name(args.device)},
+torch {torch.__version__}, {args.threads or torch.get_num_threads()} torch thread(s); Zipfian
+targets. In bf16 / fp16 our heads run under autocast (as Lightning's `"bf16-mixed"` runs them),
+the peers on the half-precision tensors.
 Time: median of {args.repeats} round-robin rounds after a warm-up on a {WARMUP_CLASSES:,}-class
 problem; `time_vs_plain` is that median over plain cross-entropy's median of the same rounds
 (below 1: faster). `peak_mib`: growth of peak memory over one step in a fresh process, beyond the
@@ -703,7 +791,11 @@ step includes; `uniform_shared`: 100 negatives shared by the batch;
 `_sparse`: `sparse_grad=True`. `adaptive_log_softmax`
 (cutoffs N/50, N/5, div_value 4) is a different model, not an exact softmax, and its cost
 depends on the targets' distribution. `linear_cross_entropy`: torch's chunked path
-(`options=nn.LinearCrossEntropyOptions()`); `cut_cross_entropy`: `impl="torch_compile"`.
+(`options=nn.LinearCrossEntropyOptions()`); `cut_cross_entropy`: `impl="cce"` (its Triton kernels,
+default gradient filtering) on CUDA, `impl="torch_compile"` on the CPU. `full_softmax_head` is
+`backend="auto"`: the fused Triton kernel on CUDA, the chunked torch path on the CPU;
+`full_softmax_head_chunked` (CUDA only) is `backend="torch"`. `peak_mib` on CUDA: the growth of
+`max_memory_allocated` over one more step in the timing process.
 A `status` other than `ok` says why a number is missing (not installed, estimated memory not
 available, or an estimated step longer than `--max-step-seconds` {args.max_step_seconds:g}).
 `linear_cross_entropy`'s auto chunking on CPU fp32 is one query per chunk from N = 1e5 on (module
@@ -739,14 +831,23 @@ def main(argv: list[str] | None = None) -> None:
         metavar="METHOD",
         help=f"the methods to run (default: all; plain cross-entropy always): {', '.join(METHODS)}",
     )
-    parser.add_argument("--name", default="head_step")
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="float32",
+        help="the class table's and queries' dtype; for bf16 / fp16 our heads run under "
+        "autocast (mixed_precision), the peers on the half-precision tensors",
+    )
+    parser.add_argument("--name", default="head_step", help="file stem, or an absolute path")
     args = parser.parse_args(argv)
+    args.dtype = DTYPES[args.dtype]
     args.sizes = sorted(set(args.sizes))
     set_threads(args.threads)
 
     load_start = load_average()
-    times = time_all_sizes(args)
-    peaks = measure_all_memory(args, times)
+    cuda_peaks: dict[tuple[str, int], float] = {}
+    times = time_all_sizes(args, cuda_peaks)
+    peaks = measure_all_memory(args, times, cuda_peaks)
     rows = result_rows(args, times, peaks)
     md = write_results(
         args.name,

@@ -48,7 +48,7 @@ def test_registry_has_every_head_and_peer_with_both_gradient_paths():
         "cane",
     ]
     expected = {"plain_cross_entropy", "linear_cross_entropy", "cut_cross_entropy"}
-    expected |= {"adaptive_log_softmax", "full_softmax_head"}
+    expected |= {"adaptive_log_softmax", "full_softmax_head", "full_softmax_head_chunked"}
     expected |= set(sparse_capable) | {f"{name}_sparse" for name in sparse_capable}
     assert set(METHODS) == expected
     assert {m.name for m in METHODS.values() if m.exact} == {
@@ -56,6 +56,7 @@ def test_registry_has_every_head_and_peer_with_both_gradient_paths():
         "linear_cross_entropy",
         "cut_cross_entropy",
         "full_softmax_head",
+        "full_softmax_head_chunked",
     }
 
 
