@@ -4,9 +4,10 @@ Every check raises ``ValueError`` (``IndexError`` for class ids) whose message n
 and the offending value, so that bad input never turns into a silently wrong number.
 
 The checks of tensor *values* (:func:`check_finite`, :func:`check_class_ids`) read a result back
-from the device in eager mode. Under ``torch.compile`` they are ``torch._assert_async`` calls
-instead: no host sync and no graph break; bad input then raises
-``RuntimeError`` with a message naming the argument, without the offending value.
+from the device for eager CPU tensors. Where a host sync would stall a device or break a graph
+(:func:`sync_free`: under ``torch.compile``, and for CUDA tensors) they are ``torch._assert_async``
+calls instead: bad input then raises ``RuntimeError`` with a message naming the argument,
+without the offending value (on CUDA at the next sync, as a device-side assertion).
 """
 
 from __future__ import annotations
@@ -16,6 +17,23 @@ from numbers import Integral
 
 import torch
 from torch import Tensor
+
+
+def sync_free(x: Tensor) -> bool:
+    """Whether checks and shapes that depend on ``x``'s values must not read them back to the
+    host: under ``torch.compile`` (no graph break) and for CUDA tensors (no stalled stream).
+    Eager CPU tensors get the checks that name the offending value."""
+    return torch.compiler.is_compiling() or x.is_cuda
+
+
+def check_async(condition: Tensor, message: str, error: type[Exception] = ValueError) -> None:
+    """Raises ``error(message)`` unless the bool scalar ``condition`` holds: at once for eager
+    CPU tensors, through ``torch._assert_async`` (``RuntimeError``, no host sync) where
+    :func:`sync_free`."""
+    if sync_free(condition):
+        torch._assert_async(condition, message)
+    elif not bool(condition):
+        raise error(message)
 
 
 def is_integer(value: object) -> bool:
@@ -70,11 +88,11 @@ def check_padding_idx(padding_idx: int | None, num_classes: int) -> int | None:
 
 
 def check_finite(name: str, x: Tensor) -> None:
-    """Raises ``ValueError`` if ``x`` holds NaN or infinite entries (eager; under
-    ``torch.compile`` ``torch._assert_async``: ``RuntimeError``)."""
+    """Raises ``ValueError`` if ``x`` holds NaN or infinite entries (eager CPU; where
+    :func:`sync_free`, ``torch._assert_async``: ``RuntimeError``)."""
     if not x.is_floating_point():
         return
-    if torch.compiler.is_compiling():
+    if sync_free(x):
         torch._assert_async(torch.isfinite(x).all(), f"{name} contains NaN or inf values")
     elif not bool(torch.isfinite(x).all()):
         bad = "NaN" if bool(torch.isnan(x).any()) else "inf"
@@ -96,13 +114,13 @@ def check_class_ids(
 
     Raises:
         ValueError: if ``ids`` is not an integer tensor.
-        IndexError: if an id is out of range or is the padding class (eager; under
-            ``torch.compile`` ``torch._assert_async``: ``RuntimeError``).
+        IndexError: if an id is out of range or is the padding class (eager CPU; where
+            :func:`sync_free`, ``torch._assert_async``: ``RuntimeError``).
     """
     if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
     extra = "" if ignore_index is None else f" (or ignore_index={ignore_index})"
-    if torch.compiler.is_compiling():
+    if sync_free(ids):
         ok = (ids >= 0) & (ids < num_classes)
         if padding_idx is not None:
             ok = ok & (ids != padding_idx)

@@ -1,9 +1,9 @@
 """Input checks of a head's methods: queries, targets, sample weights and ``k``.
 
-Eager calls raise ``ValueError`` (``IndexError`` for class ids) naming the argument and the bad
-value. Under ``torch.compile`` the checks of tensor values are ``torch._assert_async`` calls (a
-``RuntimeError`` without a host sync, see :mod:`lightning_sampled._validation`), and ``static``
-keeps every position so that no shape depends on the data.
+Eager calls on CPU tensors raise ``ValueError`` (``IndexError`` for class ids) naming the argument
+and the bad value. Under ``torch.compile`` and on CUDA (:func:`~lightning_sampled._validation.
+sync_free`) the checks of tensor values are ``torch._assert_async`` calls (a ``RuntimeError``
+without a host sync), and ``static`` keeps every position so that no shape depends on the data.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .._validation import check_class_ids, check_finite, check_positive_int
+from .._validation import check_class_ids, check_finite, check_positive_int, sync_free
 
 
 class ScoredPositions(NamedTuple):
@@ -64,10 +64,11 @@ def scored_positions(
     """Validates ``z`` ``[..., dim]`` and ``target`` ``[...]`` (class ids in
     ``[0, num_classes)``) and keeps the scored positions.
 
-    With ``static`` under ``torch.compile`` every position is kept instead (``T`` is then
-    ``target.numel()``), so that no shape depends on the data and nothing breaks the graph:
-    ignored positions get a stand-in target (class 0, or 1 when 0 is ``padding_idx``), and the
-    caller must weight them 0 (:func:`position_weights` with ``static``).
+    With ``static`` under ``torch.compile`` or on CUDA (:func:`~lightning_sampled._validation.
+    sync_free`) every position is kept instead (``T`` is then ``target.numel()``), so that no
+    shape depends on the data and nothing breaks the graph or syncs the host: ignored positions
+    get a stand-in target (class 0, or 1 when 0 is ``padding_idx``), and the caller must weight
+    them 0 (:func:`position_weights` with ``static``).
     """
     check_queries(z, num_classes, dim)
     if tuple(target.shape) != tuple(z.shape[:-1]):
@@ -79,7 +80,7 @@ def scored_positions(
         "target", target, num_classes, ignore_index=ignore_index, padding_idx=padding_idx
     )
     mask = target != ignore_index
-    if static and torch.compiler.is_compiling():
+    if static and sync_free(target):
         stand_in = int(padding_idx == 0)
         kept = target.long().where(mask, stand_in).reshape(-1)
         return ScoredPositions(z.reshape(-1, dim), kept, mask)
@@ -97,11 +98,12 @@ def position_weights(
     """Validates ``sample_weight`` ``[...]`` (the shape of ``target``) and keeps the scored
     positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given.
 
-    With ``static`` under ``torch.compile`` (the positions of :func:`scored_positions` with
-    ``static``): fp32 ``[target.numel()]`` weights, 0 at the ignored positions, also without
-    ``sample_weight``; their checks are ``torch._assert_async`` calls (``RuntimeError``).
+    With ``static`` under ``torch.compile`` or on CUDA (the positions of
+    :func:`scored_positions` with ``static``): fp32 ``[target.numel()]`` weights, 0 at the
+    ignored positions, also without ``sample_weight``; their checks are ``torch._assert_async``
+    calls (``RuntimeError``).
     """
-    static = static and torch.compiler.is_compiling()
+    static = static and sync_free(target)
     if sample_weight is None:
         return mask.reshape(-1).float() if static else None
     if not isinstance(sample_weight, Tensor) or sample_weight.shape != target.shape:
@@ -142,11 +144,12 @@ def position_weights(
 
 def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
     """``mean(losses)``, or ``sum(weights * losses) / sum(weights)``; ``losses`` and ``weights``
-    are ``[T]``. Under ``torch.compile`` weights that are all 0 (every position ignored, see
-    :func:`scored_positions` with ``static``) give 0, as eager heads do, not ``0 / 0``."""
+    are ``[T]``. Where :func:`~lightning_sampled._validation.sync_free`, weights that are all 0
+    (every position ignored, see :func:`scored_positions` with ``static``) give 0, as eager CPU
+    heads do, not ``0 / 0``."""
     if weights is None:
         return losses.mean()
     total = weights.sum()
-    if torch.compiler.is_compiling():
+    if sync_free(total):
         total = torch.where(total > 0, total, 1.0)
     return (losses * weights).sum() / total

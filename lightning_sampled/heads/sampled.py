@@ -180,10 +180,10 @@ class SampledSoftmaxHead(ProposalHead):
                 "in_batch_negatives with num_negatives=0 needs at least two scored positions "
                 f"(the others' targets are the negatives), got {target.numel()}"
             )
-        if self.training:
-            self.target_frequency.update(target)
         frequency = self.target_frequency
-        if not frequency.ready:
+        if self.training:  # counted now, so ready without reading it back (a host sync)
+            frequency.update(target)
+        elif not frequency.ready:
             counts = torch.bincount(target, minlength=self.num_classes)
             frequency = TargetFrequency(self.num_classes, counts=counts)
         return BatchProposal(frequency, target.numel() - 1)

@@ -1,8 +1,14 @@
-"""k-means through faiss on a sample of the points, warm-started, with empty clusters re-seeded.
+"""k-means on a sample of the points, warm-started, with empty clusters re-seeded.
 
-faiss' ``Kmeans`` trains on a seeded uniform sample (without replacement) of at most
+Lloyd's iterations run through faiss on the host (``backend="faiss"``) or in torch on the
+points' own device (``backend="torch"``); ``"auto"`` picks torch for CUDA points, so that an index
+refresh on a GPU never copies the table to the host, and faiss otherwise. Either trains on a
+seeded uniform sample (without replacement) of at most
 ``max_points_per_centroid * k`` points (default 256 per centroid, faiss' own default cap, drawn
-here so that only the sample is ever copied); every point is then assigned to its nearest
+here so that faiss copies only the sample to the host), starts from ``init`` or from ``k``
+distinct points of the sample drawn with the seed, and leaves a centroid that loses all its
+points where it was (faiss splits a large cluster instead; the re-seeding below then applies to
+both); every point is then assigned to its nearest
 centroid in row chunks. The points may be a table or :class:`Points`, whose rows can be residuals
 ``x - c[a]`` formed chunk by chunk (residual quantisation's second codebook never copies the
 table). At a million classes and ``k = 32`` that trains on 8,192
@@ -39,6 +45,7 @@ _MAX_RESEED_ROUNDS = 10
 # in fp32, where faiss computes them.
 MAX_NORM = math.sqrt(torch.finfo(torch.float32).max) / 2
 _ROW_CHUNK = 65536
+BACKENDS = ("auto", "faiss", "torch")  # the implementations of kmeans' Lloyd iterations
 
 
 class Points:
@@ -119,18 +126,23 @@ def kmeans(
     niter: int = 25,
     seed: int = 0,
     max_points_per_centroid: int | None = 256,
+    backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
-    """Clusters the rows of ``x`` into ``k`` clusters with faiss, trained on a sample.
+    """Clusters the rows of ``x`` into ``k`` clusters, trained on a sample.
 
     Args:
-        x: ``[n, d]`` points, a table or :class:`Points` (any device; faiss runs on CPU in
-            fp32), ``n >= k``.
+        x: ``[n, d]`` points, a table or :class:`Points` (any device; k-means runs in fp32),
+            ``n >= k``.
         k: the number of clusters.
         init: optional ``[k, d]`` starting centroids (the previous refresh's, for a warm start).
         niter: Lloyd iterations.
-        seed: faiss' seed and the seed of the training sample.
+        seed: the seed of the random start and of the training sample.
         max_points_per_centroid: train on at most this many points per centroid, a uniform
             sample without replacement; ``None`` trains on every point.
+        backend: who runs Lloyd's iterations: ``"faiss"`` (on the host, the sample copied
+            there), ``"torch"`` (:func:`lloyd`, on ``x``'s device, no host copy) or ``"auto"``
+            (default: torch for CUDA points, faiss otherwise). Both give a quantisation error
+            within a few percent of each other; their centroids differ (other random starts).
 
     Returns:
         ``(centroids, assignment)``: fp32 ``[k, d]`` on ``x``'s device and long ``[n]``, the
@@ -139,8 +151,11 @@ def kmeans(
     Raises:
         ValueError: if ``x`` is not 2-D or has fewer than ``k`` rows, holds NaN or infinite
             values, or if a point or a starting centroid has a norm beyond :data:`MAX_NORM`
-            (faiss' fp32 distances would overflow).
+            (faiss' fp32 distances would overflow), or ``backend`` is not one of
+            :data:`BACKENDS`.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     points = as_points(x)
     if len(points.shape) != 2 or points.shape[0] < k:
         raise ValueError(
@@ -149,11 +164,56 @@ def kmeans(
     check_norms("kmeans: x", points)
     if init is not None:
         check_norms("kmeans: init", init)
-    n, d = points.shape
-    sample = training_sample(n, k, max_points_per_centroid, seed, points.device)
-    train = points.take(sample).cpu().numpy()
+    sample = training_sample(points.shape[0], k, max_points_per_centroid, seed, points.device)
+    if backend == "torch" or (backend == "auto" and points.device.type == "cuda"):
+        centroids = lloyd(points.take(sample), k, init=init, niter=niter, seed=seed)
+    else:
+        centroids = _faiss_lloyd(points.take(sample), k, init=init, niter=niter, seed=seed)
+    assignment = nearest_centroid(points, centroids)
+    return reseed_empty(points, centroids, assignment)
+
+
+def lloyd(
+    train: Tensor, k: int, *, init: Tensor | None = None, niter: int = 25, seed: int = 0
+) -> Tensor:
+    """Lloyd's iterations in torch on ``train``'s device, without a host sync.
+
+    Starts from ``init``, or from ``k`` distinct rows of ``train`` chosen with ``seed``; each
+    iteration assigns every row to its nearest centroid and moves each centroid to the mean of
+    its rows (a centroid without rows stays where it is).
+
+    Args:
+        train: fp32 ``[m, d]`` training points, ``m >= k``.
+        k: the number of centroids.
+        init: optional ``[k, d]`` starting centroids.
+        niter: iterations.
+        seed: seed of the starting rows (when ``init`` is ``None``).
+
+    Returns:
+        fp32 ``[k, d]`` centroids on ``train``'s device.
+    """
+    if init is None:
+        generator = torch.Generator(device=train.device).manual_seed(seed)
+        start = torch.randperm(train.shape[0], generator=generator, device=train.device)[:k]
+        centroids = train.index_select(0, start)
+    else:
+        centroids = init.detach().to(device=train.device, dtype=torch.float32).clone()
+    ones = train.new_ones(train.shape[0])
+    for _ in range(niter):
+        assignment = nearest_centroid(train, centroids)
+        sums = torch.zeros_like(centroids).index_add_(0, assignment, train)
+        counts = train.new_zeros(k).index_add_(0, assignment, ones)[:, None]
+        centroids = torch.where(counts > 0, sums / counts.clamp(min=1.0), centroids)
+    return centroids
+
+
+def _faiss_lloyd(
+    train: Tensor, k: int, *, init: Tensor | None = None, niter: int = 25, seed: int = 0
+) -> Tensor:
+    """:func:`lloyd` through faiss on the host (its own random start and empty-cluster
+    splits): fp32 ``[k, d]`` centroids on ``train``'s device."""
     km = faiss.Kmeans(
-        d,
+        train.shape[1],
         k,
         niter=niter,
         seed=seed,
@@ -165,23 +225,23 @@ def kmeans(
     if init is not None:
         start = np.ascontiguousarray(init.detach().float().cpu().numpy())
     with faiss_threads(torch.get_num_threads()):
-        km.train(train, init_centroids=start)
-    centroids = torch.from_numpy(km.centroids.copy()).to(points.device)
-    assignment = nearest_centroid(points, centroids)
-    return reseed_empty(points, centroids, assignment)
+        km.train(train.cpu().numpy(), init_centroids=start)
+    return torch.from_numpy(km.centroids.copy()).to(train.device)
 
 
 def training_sample(
     n: int, k: int, max_points_per_centroid: int | None, seed: int, device: torch.device
 ) -> Tensor:
-    """Sorted long ids ``[m]`` of the points k-means trains on: all ``n`` when
+    """Sorted long ids ``[m]`` on ``device`` of the points k-means trains on: all ``n`` when
     ``max_points_per_centroid`` is ``None`` or ``n <= k * max_points_per_centroid``, else a
-    uniform sample of ``k * max_points_per_centroid`` distinct points (seeded)."""
+    uniform sample of ``k * max_points_per_centroid`` distinct points, drawn on ``device`` by a
+    generator seeded with ``seed`` (so the same seed gives the same sample on one kind of device,
+    and a CUDA table is never shuffled on the host)."""
     if max_points_per_centroid is None or n <= k * max_points_per_centroid:
         return torch.arange(n, device=device)
-    generator = torch.Generator().manual_seed(seed)
-    chosen = torch.randperm(n, generator=generator)[: k * max_points_per_centroid]
-    return chosen.sort().values.to(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    chosen = torch.randperm(n, generator=generator, device=device)
+    return chosen[: k * max_points_per_centroid].sort().values
 
 
 @contextmanager

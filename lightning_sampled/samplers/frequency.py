@@ -22,12 +22,10 @@ example the training split's item counts).
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_class_ids, check_positive_int
+from .._validation import check_async, check_class_ids, check_positive_int
 
 
 class TargetFrequency(nn.Module):
@@ -61,43 +59,53 @@ class TargetFrequency(nn.Module):
 
     @torch.no_grad()
     def update(self, targets: Tensor) -> None:
-        """Counts one step's targets (long ``[T]``, class ids; nothing to skip in them)."""
+        """Counts one step's targets (long ``[T]``, class ids; nothing to skip in them).
+
+        No host sync: every target writes its class's new count (the same value for repeated
+        classes), with its number of occurrences found by a sort of the ``T`` targets."""
         if self.fixed:
             return
         check_class_ids("targets", targets, self.num_classes)
         self.step += 1
         keep = 1.0 - self.decay
-        ids, occurrences = torch.unique(targets.reshape(-1), return_counts=True)
-        ids = ids.to(self.count.device)
+        ids = targets.reshape(-1).to(self.count.device)
+        ordered = ids.sort().values
+        occurrences = torch.searchsorted(ordered, ids, right=True) - torch.searchsorted(
+            ordered, ids
+        )
         stale = (self.step - self.last_step.index_select(0, ids)).double()
         decayed = self.count.index_select(0, ids) * keep**stale
-        self.count.index_copy_(0, ids, decayed + self.decay * occurrences.double().to(ids.device))
-        self.last_step.index_fill_(0, ids, int(self.step))
+        self.count.index_put_((ids,), decayed + self.decay * occurrences.double())
+        self.last_step.index_put_((ids,), self.step.expand(ids.shape))
         self.total.mul_(keep).add_(self.decay * targets.numel())
 
     @property
     def ready(self) -> bool:
-        """Whether there is an estimate: counts were given or some targets seen."""
+        """Whether there is an estimate: counts were given or some targets seen (reads
+        ``total`` back: a host sync)."""
         return float(self.total) > 0.0
 
     def log_prob(self, ids: Tensor) -> Tensor:
         """``log q_b`` (fp32) of class ids of any shape; ``-inf`` for a class not seen yet.
 
+        No host sync on CUDA (the check below is then ``torch._assert_async``).
+
         Raises:
             RuntimeError: before the first :meth:`update` (no estimate yet).
         """
-        if not self.ready:
-            raise RuntimeError(
-                "TargetFrequency has seen no targets yet: call update() with a batch's targets "
-                "first, or give counts"
-            )
+        check_async(
+            self.total > 0,
+            "TargetFrequency has seen no targets yet: call update() with a batch's targets "
+            "first, or give counts",
+            RuntimeError,
+        )
         check_class_ids("ids", ids, self.num_classes)
         flat = ids.reshape(-1)
         count = self.count.index_select(0, flat)
         if not self.fixed:
             stale = (self.step - self.last_step.index_select(0, flat)).double()
             count = count * (1.0 - self.decay) ** stale
-        return (count.log() - math.log(float(self.total))).float().view(ids.shape)
+        return (count.log() - self.total.log()).float().view(ids.shape)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, decay={self.decay}, fixed={self.fixed}"

@@ -192,6 +192,7 @@ class MIDXSampler(Sampler):
         self.register_buffer("cell_members", torch.zeros(self.num_drawable, dtype=torch.long))
         self.register_buffer("quantization_mse", torch.tensor(math.nan))
         self.register_buffer("num_refreshes", torch.zeros((), dtype=torch.long))
+        self._built = False  # num_refreshes > 0 once seen: is_built without a host sync
         if mode == "exact":
             self.register_buffer("class_embeddings", torch.zeros(num_classes, 0))
 
@@ -199,15 +200,20 @@ class MIDXSampler(Sampler):
 
     @property
     def is_built(self) -> bool:
-        """Whether :meth:`refresh` has built an index (or a checkpoint restored one)."""
-        return bool(self.num_refreshes > 0)
+        """Whether :meth:`refresh` has built an index (or a checkpoint or a broadcast from
+        another rank restored one). Read from the buffer ``num_refreshes`` until it is true,
+        then remembered, so that a draw does not sync the host for it."""
+        if not self._built:
+            self._built = bool(self.num_refreshes > 0)
+        return self._built
 
     @torch.no_grad()
     def refresh(self, class_embeddings: Tensor) -> None:
         """Rebuilds the index from the class table.
 
-        K-means (through faiss, trained on a sample of at most 256 classes per codeword,
-        warm-started from the current codewords; every class is then assigned) learns the
+        K-means (trained on a sample of at most 256 classes per codeword, warm-started from the
+        current codewords, in torch on the table's device for a CUDA table, else through faiss:
+        :func:`~lightning_sampled.index.kmeans.kmeans`; every class is then assigned) learns the
         codebooks, except in learnable mode after the first refresh, where the learned
         codewords are kept and classes are only reassigned to their nearest codewords; a
         learned codeword that no class takes (a dead codeword) is then moved onto the class
@@ -247,6 +253,7 @@ class MIDXSampler(Sampler):
         if self.mode == "exact":
             self._set("class_embeddings", x)
         self.num_refreshes += 1
+        self._built = True
 
     def index_stats(self) -> dict[str, float]:
         """Scalars worth logging after a refresh: ``quantization_mse`` (mean of
@@ -292,6 +299,7 @@ class MIDXSampler(Sampler):
         unexpected_keys: list,
         error_msgs: list,
     ) -> None:
+        self._built = False  # the checkpoint may hold no index
         # Buffers sized at the first refresh take the checkpoint's size before loading.
         for name in _RESIZABLE:
             key = prefix + name

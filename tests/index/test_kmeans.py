@@ -159,14 +159,20 @@ def test_kmeans_of_points_equals_kmeans_of_the_materialised_residuals():
     assert torch.equal(nearest_centroid(points, got[0], chunk_size=100), got[1])
 
 
-def test_training_sample_is_a_distinct_seeded_sample_only_beyond_the_cap():
-    assert torch.equal(training_sample(50, 4, 16, 0, torch.device("cpu")), torch.arange(50))
-    assert torch.equal(training_sample(50, 4, None, 0, torch.device("cpu")), torch.arange(50))
-    sample = training_sample(1000, 4, 16, 3, torch.device("cpu"))
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_sample_is_a_distinct_seeded_sample_on_the_device_only_beyond_the_cap(device):
+    device = torch.device(device)
+    assert torch.equal(training_sample(50, 4, 16, 0, device).cpu(), torch.arange(50))
+    assert torch.equal(training_sample(50, 4, None, 0, device).cpu(), torch.arange(50))
+    sample = training_sample(1000, 4, 16, 3, device)
+    assert sample.device.type == device.type
     assert sample.numel() == 64 and sample.unique().numel() == 64
     assert torch.equal(sample, sample.sort().values)
-    assert torch.equal(sample, training_sample(1000, 4, 16, 3, torch.device("cpu")))
-    assert not torch.equal(sample, training_sample(1000, 4, 16, 4, torch.device("cpu")))
+    assert torch.equal(sample, training_sample(1000, 4, 16, 3, device))
+    assert not torch.equal(sample, training_sample(1000, 4, 16, 4, device))
 
 
 @pytest.mark.parametrize("value, kind", [(math.nan, "NaN"), (math.inf, "infinite")])

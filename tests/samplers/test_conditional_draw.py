@@ -38,10 +38,14 @@ def case(batch, draws, k, seed):
 
 @pytest.mark.parametrize("k", [2, 5, 8, 13])
 @pytest.mark.parametrize("entries_per_chunk", [None, 1])
-def test_equals_a_per_draw_search_of_each_row(k, entries_per_chunk, monkeypatch):
+@pytest.mark.parametrize("draws", [30, 3])  # M >= K: each query's whole table; M < K: per draw
+@pytest.mark.parametrize("distinct", [True, False], ids=["distinct_rows", "fixed_rows"])
+def test_equals_a_per_draw_search_of_each_row(k, entries_per_chunk, draws, distinct, monkeypatch):
+    """Both ways to build the rows (the fixed rows are CUDA's and torch.compile's)."""
     if entries_per_chunk is not None:  # one query per chunk: the chunk loop is exercised
         monkeypatch.setattr(conditional_draw, "_ENTRIES_PER_CHUNK", entries_per_chunk)
-    counts, weights, rows, u = case(batch=9, draws=30, k=k, seed=k)
+    monkeypatch.setattr(conditional_draw, "host_syncs_are_free", lambda rows: distinct)
+    counts, weights, rows, u = case(batch=9, draws=draws, k=k, seed=k)
     drawn = draw_from_used_rows(counts, weights, rows, u)
     assert torch.equal(drawn, brute_force(counts, weights, rows, u))
     mass = counts[rows, drawn].double() * weights.gather(1, drawn)

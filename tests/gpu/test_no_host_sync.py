@@ -1,0 +1,151 @@
+"""A head's training forward and backward on CUDA make no host sync; the optimizer step's
+remaining syncs are named.
+
+Each case builds a head on the GPU, runs one warm-up step outside the check (cuBLAS handles,
+Triton's compilation, the index built by ``refresh_index``: those sync once) and then one
+forward and backward under ``torch.cuda.set_sync_debug_mode("error")``, which raises on any
+``.item()``, ``nonzero``, ``bool(tensor)`` or blocking copy between host and device.
+
+Known syncs, each asserted so that a change shows up here:
+
+- ``TapasHead``: the first pass draws until ``k + 1`` distinct classes are seen
+  (:func:`~lightning_sampled.heads.tapas.draw_distinct`): ``torch.unique`` of a stream whose
+  length depends on the draws, one sync per round.
+- ``LazyAdam`` on a sparse gradient: ``torch.unique`` of the touched rows
+  (:func:`~lightning_sampled.optim.lazy_adam._summed_rows`), whose count ``R`` sizes every later
+  tensor of the update; the row update itself (:func:`_update_block`) and the dense Adam of the
+  other parameters make none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from lightning_sampled.heads import SampledSoftmaxHead, TapasHead
+from lightning_sampled.optim import LazyAdam
+from lightning_sampled.optim.lazy_adam import _summed_rows, _update_block
+from lightning_sampled.samplers import MIDXSampler
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+N, D, M, K = 50_000, 64, 100, 32
+SHAPE = (16, 256)  # 4,096 positions, as a sequence model's [batch, length]
+IGNORE = -100
+
+
+@contextmanager
+def sync_debug(mode: str) -> Iterator[None]:
+    """Runs the block under ``torch.cuda.set_sync_debug_mode(mode)``, then restores it."""
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+
+
+def midx(quantizer: str = "rq", backend: str = "auto") -> Callable[[], MIDXSampler]:
+    return lambda: MIDXSampler(N, K, quantizer, backend=backend)
+
+
+needs_compiled_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs Triton compiled (TRITON_INTERPRET=0)",
+)
+
+HEADS = {
+    "uniform": lambda **kw: SampledSoftmaxHead(N, D, num_negatives=M, **kw),
+    "uniform_shared": lambda **kw: SampledSoftmaxHead(
+        N, D, num_negatives=M, shared_negatives=True, **kw
+    ),
+    "midx_rq_torch": lambda **kw: SampledSoftmaxHead(N, D, midx("rq", "torch")(), M, **kw),
+    "midx_pq_torch": lambda **kw: SampledSoftmaxHead(N, D, midx("pq", "torch")(), M, **kw),
+    # the positive scored by the same proposal: MIDXSampler.sample_and_score
+    "midx_rq_corrected_all": lambda **kw: SampledSoftmaxHead(
+        N, D, midx("rq", "torch")(), M, convention="corrected_all", **kw
+    ),
+    "midx_rq_triton": pytest.param(
+        lambda **kw: SampledSoftmaxHead(N, D, midx("rq", "triton")(), M, **kw),
+        marks=needs_compiled_triton,
+    ),
+}
+
+
+def batch(weighted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Queries ``[16, 256, D]``, targets with ignored positions, optional sample weights."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    z = torch.randn(*SHAPE, D, device="cuda", generator=g, requires_grad=True)
+    target = torch.randint(N, SHAPE, device="cuda", generator=g)
+    target[:, -17:] = IGNORE  # padded ends of sequences
+    weight = torch.rand(SHAPE, device="cuda", generator=g) if weighted else None
+    return z, target, weight
+
+
+def step(head: torch.nn.Module, weighted: bool) -> None:
+    z, target, weight = batch(weighted)
+    head(z, target, weight).backward()
+
+
+@pytest.mark.parametrize("sparse_grad", [True, False], ids=["sparse_grad", "dense_grad"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["", "sample_weight"])
+@pytest.mark.parametrize("make", HEADS.values(), ids=HEADS.keys())
+def test_sampled_softmax_forward_and_backward_make_no_host_sync(make, weighted, sparse_grad):
+    head = make(ignore_index=IGNORE, sparse_grad=sparse_grad).cuda()
+    head.refresh_index()  # on the table's device: k-means in torch
+    step(head, weighted)  # warm-up: lazy initialisations and compilation sync once
+    head.zero_grad(set_to_none=True)
+    with sync_debug("error"):
+        step(head, weighted)
+    assert head.weight.grad is not None and head.weight.grad.is_sparse == sparse_grad
+
+
+def test_tapas_first_pass_still_syncs():
+    head = TapasHead(N, D, num_negatives=M, ignore_index=IGNORE, sparse_grad=True).cuda()
+    step(head, False)
+    with sync_debug("error"), pytest.raises(RuntimeError, match="synchroniz"):
+        step(head, False)
+
+
+def sparse_gradient_step() -> tuple[SampledSoftmaxHead, LazyAdam]:
+    """A uniform head with a row-sparse gradient and a dense bias, and its LazyAdam."""
+    head = SampledSoftmaxHead(N, D, num_negatives=M, bias=True, sparse_grad=True).cuda()
+    optimizer = LazyAdam(head.parameters(), lr=1e-3)
+    step(head, False)
+    optimizer.step()  # creates the state
+    optimizer.zero_grad(set_to_none=True)
+    step(head, False)
+    return head, optimizer
+
+
+def test_lazy_adam_syncs_only_to_count_the_touched_rows():
+    head, optimizer = sparse_gradient_step()
+    grad = head.weight.grad
+    with sync_debug("error"), pytest.raises(RuntimeError, match="synchroniz"):
+        _summed_rows(grad)  # torch.unique: R distinct rows size the update
+    rows, values = _summed_rows(grad)
+    state = optimizer.state[head.weight]
+    with sync_debug("error"):
+        _update_block(
+            head.weight.data,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            rows,
+            values,
+            betas=(0.9, 0.999),
+            eps=1e-8,
+            step_size=1e-3,
+            decay=1.0,
+        )
+    # the dense parameters alone (here the bias): torch's foreach Adam, steps on the host
+    head.weight.grad = None
+    with sync_debug("error"):
+        optimizer.step()
