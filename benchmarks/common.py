@@ -2,7 +2,8 @@
 
 Each benchmark writes ``results/<name>.csv`` (every row carries the machine, torch version and
 commit), ``results/<name>.md`` (a Markdown table) and, where a picture helps,
-``results/<name>.png``.
+``results/<name>.png``; a ``name`` may also be a path (absolute, or relative to ``results/``), so
+that a run writes elsewhere (a GPU machine's output folder): :func:`result_path`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ from recipes import memory
 from recipes.memory import peak_rss_bytes
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def gpu_driver() -> str:
+    """The NVIDIA driver's version as ``nvidia-smi`` reports it, or why it is unknown."""
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no nvidia-smi)"
 
 
 def provenance() -> dict[str, str]:
@@ -52,6 +66,14 @@ def provenance() -> dict[str, str]:
     else:
         machine = f"{platform.machine()} cpu x{os.cpu_count()} threads={torch.get_num_threads()}"
     return {"machine": machine, "torch": torch.__version__, "commit": commit}
+
+
+def result_path(name: str, suffix: str) -> Path:
+    """``results/<name><suffix>``, or ``<name><suffix>`` where ``name`` is an absolute path; its
+    folder is created."""
+    path = RESULTS_DIR / f"{name}{suffix}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def load_average() -> str:
@@ -141,24 +163,28 @@ def write_results(
     notes: str = "",
     columns: Sequence[str] | None = None,
     header: str = "",
+    commit: str | None = None,
 ) -> Path:
     """Writes ``results/<name>.csv`` (with provenance on every row) and ``results/<name>.md``.
 
     Args:
-        name: file stem.
+        name: file stem, or a path without suffix (:func:`result_path`).
         rows: one dict per measurement; keys are columns.
         title: the Markdown heading.
         notes: Markdown text placed under the table (setup, targets, how to reproduce).
         columns: the Markdown table's columns, in order (default: every key of the first row).
         header: Markdown text placed between the heading and the table (what else ran, ...).
+        commit: the commit to stamp instead of git's (a copy of the repository without git
+            metadata, as on a GPU machine).
 
     Returns:
         The path of the Markdown file.
     """
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     prov = provenance()
+    if commit:
+        prov["commit"] = commit
     full_rows = [{**row, **prov} for row in rows]
-    csv_path = RESULTS_DIR / f"{name}.csv"
+    csv_path = result_path(name, ".csv")
     with csv_path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(full_rows[0]))
         writer.writeheader()
@@ -174,7 +200,7 @@ def write_results(
     lines += ["", f"Machine: {prov['machine']}; torch {prov['torch']}; commit {prov['commit']}."]
     if notes:
         lines += ["", notes.strip()]
-    md_path = RESULTS_DIR / f"{name}.md"
+    md_path = result_path(name, ".md")
     md_path.write_text("\n".join(lines) + "\n")
     return md_path
 

@@ -1,7 +1,8 @@
 """Eager against ``torch.compile``: forward + backward time of one training step of each head.
 
 One training step (forward + backward of the head's loss, no optimizer step) on ``B`` queries of
-dimension ``D`` (default N = 1e5 classes, B = 8,192, D = 64, on the CPU with one thread), for the
+dimension ``D`` (default N = 1e5 classes, B = 8,192, D = 64, on the CPU with one thread, or on
+``--device cuda``, where every timed step is synchronised), for the
 heads of ``benchmarks/head_step.py`` with their settings there: ``FullSoftmaxHead``,
 ``SampledSoftmaxHead`` with 100 uniform negatives per query, ``TapasHead`` (100 shared negatives
 picked from 200 uniform presamples) and ``SampledSoftmaxHead`` with MIDX-rq (K = 32, fast mode;
@@ -25,7 +26,8 @@ compiled step went past 4 GB. ``--eager-only HEAD@N`` skips such a compiled step
 
 Run: ``python -m benchmarks.compile_step [--sizes 100000] [--batch 8192] [--dim 64]
 [--repeats 5] [--warmup 3] [--threads 1] [--heads NAME ...] [--eager-only HEAD@N ...]
-[--background TEXT] [--name compile_step]``; results in ``benchmarks/results/<name>.{csv,md}``.
+[--device cuda] [--background TEXT] [--name compile_step]``; results in
+``benchmarks/results/<name>.{csv,md}`` (``--name`` may be an absolute path without suffix).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def measure(args: argparse.Namespace, num_classes: int) -> list[dict]:
     """Graph breaks, compile time and round-robin step times of every head at ``num_classes``,
     eager and compiled; a head whose compiled step fails or is not run gets a row that says
     why."""
-    problem = make_problem(num_classes, args.batch, args.dim, "cpu")
+    problem = make_problem(num_classes, args.batch, args.dim, args.device)
     heads = {name: build_head(name, problem) for name in args.heads}
     # explain resets dynamo (and so every compiled head): all counts first
     info = {
@@ -127,7 +129,7 @@ def measure(args: argparse.Namespace, num_classes: int) -> list[dict]:
     times: dict[tuple[str, str], list[float]] = {key: [] for key in steps}
     for r in range(args.repeats):
         for key, step in steps.items():
-            times[key].append(timed(step, "cpu"))
+            times[key].append(timed(step, args.device))
         shown = ", ".join(f"{n}/{m} {t[-1]:.3f}s" for (n, m), t in times.items())
         print(f"  round {r + 1}/{args.repeats}: {shown}", flush=True)
     rows = []
@@ -157,7 +159,8 @@ def measure(args: argparse.Namespace, num_classes: int) -> list[dict]:
 def notes(args: argparse.Namespace) -> str:
     return f"""
 One training step (forward + backward, no optimizer step), N in {args.sizes},
-B = {args.batch:,}, D = {args.dim}, CPU, {args.threads or torch.get_num_threads()} torch thread(s);
+B = {args.batch:,}, D = {args.dim}, {args.device}, {args.threads or torch.get_num_threads()} torch
+thread(s);
 Zipfian targets; heads as in `head_step` (dense class-table gradient). `compiled`:
 `torch.compile(head)` (inductor, default mode), `loss.backward()` outside it. `graph_breaks`:
 `torch._dynamo.explain` of the head's forward. `compile_s`: the first compiled step (tracing and
@@ -192,8 +195,13 @@ def main(argv: list[str] | None = None) -> None:
         metavar="HEAD@N",
         help="run these heads at these sizes eagerly only (e.g. full_softmax_head@100000)",
     )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     add_background_argument(parser)
-    parser.add_argument("--name", default="compile_step")
+    parser.add_argument(
+        "--name",
+        default="compile_step",
+        help="file stem under benchmarks/results/, or an absolute path without suffix",
+    )
     args = parser.parse_args(argv)
     set_threads(args.threads)
 

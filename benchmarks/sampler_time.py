@@ -15,12 +15,17 @@
   ``SampledSoftmaxHead(N, 64, sampler, 100)`` on B = 256 queries with the uniform sampler and with
   MIDX, timed side by side (round-robin, one step of each per round, median over rounds) so that
   load from other processes hits both alike.
-- Sequence shape (a SASRec batch on MovieLens-1M): forward + backward of
-  ``SampledSoftmaxHead(3707, 64, sampler, 100)`` on 12,800 query positions, uniform vs MIDX-pq and
-  MIDX-rq (fast) at K in ``--seq-codebook-sizes``, beside One-vs-Each (100 uniform negatives per
-  query) and TAPAS (100 shared negatives of 200 uniform presamples, the recipe's), round-robin;
-  and one MIDX-rq draw of 20 negatives for 12,800 queries at N = 50,000 for the same K. Each
-  with its peak memory beyond what was allocated before (peak RSS, reset first).
+- Sequence shape (by default a SASRec batch on MovieLens-1M; ``--seq-classes``,
+  ``--seq-queries``): forward + backward of ``SampledSoftmaxHead(3707, 64, sampler, 100)`` on
+  12,800 query positions, uniform vs MIDX-pq and MIDX-rq (fast) at K in ``--seq-codebook-sizes``,
+  beside One-vs-Each (100 uniform negatives per query) and TAPAS (100 shared negatives of 200
+  uniform presamples, the recipe's), round-robin (``--seq-methods`` picks among them); and one
+  MIDX-rq draw of 20 negatives for 12,800 queries at N = 50,000 for the same K. Each with its
+  peak memory beyond what was allocated before (peak RSS, reset first; on CUDA the growth of
+  ``torch.cuda.max_memory_allocated``).
+
+Device: ``--device cuda`` builds every table, sampler, head and query on the GPU (the MIDX
+refresh then runs k-means in torch there) and synchronises around every timed call.
 
 Targets (issue 3): MIDX draw time at N = 1e7 within 1.5x of its time at N = 1e4; a MIDX training
 step at N = 1e6 within 2x of the uniform one. Targets (issue 14): the MIDX-rq head at the sequence
@@ -28,10 +33,11 @@ shape within 1.2x of the uniform head at K = 32; the 12,800 x 20 draw at K = 128
 0.7 GB; refresh at 1e7 within 20 s and at 1e6 within 3 s; a unigram draw at 1e7 within 2x of its
 draw at 1e4.
 
-Run: ``python -m benchmarks.sampler_time [--sizes 1e4 1e5] [--repeats 7] [--threads 1]``; results in
-``benchmarks/results/sampler_time.{csv,md,png}``. Needs about 6 GB of memory at N = 1e7 (the class
-table and its residuals during the RQ refresh). On a CPU shared with other jobs, ``--threads 1``
-avoids OpenMP threads spinning against them.
+Run: ``python -m benchmarks.sampler_time [--sizes 1e4 1e5] [--repeats 7] [--threads 1]
+[--device cuda] [--name NAME]``; results in ``benchmarks/results/<name>.{csv,md,png}`` (default
+``sampler_time``; ``--name`` may be an absolute path without suffix). Needs about 6 GB of memory
+at N = 1e7 (the class table and its residuals during the RQ refresh). On a CPU shared with other
+jobs, ``--threads 1`` avoids OpenMP threads spinning against them.
 """
 
 from __future__ import annotations
@@ -46,15 +52,16 @@ import faiss
 import torch
 
 from benchmarks.common import (
-    RESULTS_DIR,
     add_background_argument,
     load_average,
     load_header,
     median_time,
     peak_extra_bytes,
     peak_rss_bytes,
+    result_path,
     write_results,
 )
+from benchmarks.head_step import timed
 from lightning_sampled.heads import OneVsEachHead, ProposalHead, SampledSoftmaxHead, TapasHead
 from lightning_sampled.samplers import (
     LogUniformSampler,
@@ -65,6 +72,7 @@ from lightning_sampled.samplers import (
 )
 
 SAMPLERS = ("uniform", "unigram", "log_uniform", "midx_pq", "midx_rq")
+SEQ_METHODS = ("uniform", "ove_uniform", "tapas_uniform_r2", "midx_pq", "midx_rq")
 
 
 def log(message: str) -> None:
@@ -85,14 +93,17 @@ def make_sampler(name: str, num_classes: int, codebook_size: int) -> Sampler:
 
 class RandomRead:
     """The memory floor of a table-based draw: one uniformly random 32-byte row of an ``[N, 4]``
-    float64 table read per draw (what an alias draw reads), timed beside the samplers."""
+    float64 table (on ``device``) read per draw (what an alias draw reads), timed beside the
+    samplers."""
 
-    def __init__(self, num_classes: int) -> None:
+    def __init__(self, num_classes: int, device: str) -> None:
         self.num_classes = num_classes
-        self.rows = torch.rand(num_classes, 4, dtype=torch.float64)
+        self.rows = torch.rand(num_classes, 4, dtype=torch.float64, device=device)
 
     def sample(self, z: torch.Tensor, num_samples: int, generator: torch.Generator) -> torch.Tensor:
-        ids = torch.randint(self.num_classes, (z.shape[0] * num_samples,), generator=generator)
+        """Rows ``[B * num_samples, 4]`` read at uniformly random ids, for queries ``z [B, D]``."""
+        size = (z.shape[0] * num_samples,)
+        ids = torch.randint(self.num_classes, size, generator=generator, device=z.device)
         return self.rows.index_select(0, ids)
 
 
@@ -102,11 +113,10 @@ def build_samplers(args: argparse.Namespace, num_classes: int, rows: list[dict])
     Returns:
         ``{(name, num_classes): sampler}``; the class table is freed on return.
     """
-    table = torch.randn(num_classes, args.dim, generator=torch.Generator().manual_seed(0))
-    table /= args.dim**0.5
+    table = class_table(num_classes, args)
     samplers = {}
     for name in SAMPLERS:
-        sampler = make_sampler(name, num_classes, args.codebook_size)
+        sampler = make_sampler(name, num_classes, args.codebook_size).to(args.device)
         if isinstance(sampler, MIDXSampler):
             runs = 1 if num_classes >= 1_000_000 else min(args.repeats, 3)
             seconds, _ = median_time(lambda s=sampler: s.refresh(table), repeats=runs, warmup=0)
@@ -115,22 +125,23 @@ def build_samplers(args: argparse.Namespace, num_classes: int, rows: list[dict])
             )
             log(f"N={num_classes:.0e} {name}: refresh {seconds:.2f} s")
         samplers[name, num_classes] = sampler
-    samplers["random_read", num_classes] = RandomRead(num_classes)
+    samplers["random_read", num_classes] = RandomRead(num_classes, args.device)
     log(f"N={num_classes:.0e}: samplers ready; peak RSS {peak_rss_bytes() / 2**30:.2f} GiB")
     return samplers
 
 
 def time_draws(args: argparse.Namespace, samplers: dict, rows: list[dict]) -> None:
     """Appends draw rows, timing every (sampler, N) round-robin so that load hits all alike."""
-    z = torch.randn(args.batch, args.dim, generator=torch.Generator().manual_seed(1))
-    generator = torch.Generator().manual_seed(2)
+    z = torch.randn(args.batch, args.dim, generator=_generator(args, 1), device=args.device)
+    generator = _generator(args, 2)
     times: dict = {key: [] for key in samplers}
     for round_index in range(args.repeats + 1):
         for key, sampler in samplers.items():
-            start = time.perf_counter()
-            sampler.sample(z, args.negatives, generator=generator)
+            seconds = timed(
+                lambda s=sampler: s.sample(z, args.negatives, generator=generator), args.device
+            )
             if round_index:  # round 0 is the warm-up
-                times[key].append(time.perf_counter() - start)
+                times[key].append(seconds)
     for (name, num_classes), samples in times.items():
         seconds = statistics.median(samples)
         k = args.codebook_size if name.startswith("midx") else ""
@@ -143,14 +154,15 @@ def time_train_steps(args: argparse.Namespace, rows: list[dict]) -> None:
     n = args.step_classes
     steps: dict[str, Callable[[], None]] = {}
     for name in ("uniform", "midx_pq", "midx_rq"):
-        gen = torch.Generator().manual_seed(0)
-        head = SampledSoftmaxHead(n, args.dim, make_sampler(name, n, args.codebook_size), 100)
+        gen = _generator(args, 0)
+        sampler = make_sampler(name, n, args.codebook_size)
+        head = SampledSoftmaxHead(n, args.dim, sampler, 100).to(args.device)
         with torch.no_grad():
             head.weight.normal_(0.0, args.dim**-0.5, generator=gen)
         head.refresh_index()
         optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
-        z = torch.randn(args.batch, args.dim, generator=gen)
-        y = torch.randint(n, (args.batch,), generator=gen)
+        z = torch.randn(args.batch, args.dim, generator=gen, device=args.device)
+        y = torch.randint(n, (args.batch,), generator=gen, device=args.device)
 
         def step(head=head, optimizer=optimizer, z=z, y=y) -> None:
             optimizer.zero_grad(set_to_none=False)
@@ -163,9 +175,7 @@ def time_train_steps(args: argparse.Namespace, rows: list[dict]) -> None:
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.repeats):
         for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(timed(step, args.device))
     for name, samples in times.items():
         seconds = statistics.median(samples)
         rows.append(_row("train_step", name, n, seconds, args.repeats))
@@ -197,33 +207,60 @@ SEQ_CLASSES, SEQ_QUERIES, SEQ_NEGATIVES = 3_707, 12_800, 100
 DRAW_CLASSES, DRAW_NEGATIVES = 50_000, 20
 
 
+def _generator(args: argparse.Namespace, seed: int) -> torch.Generator:
+    """A generator on ``args.device`` seeded with ``seed``."""
+    return torch.Generator(device=args.device).manual_seed(seed)
+
+
+def class_table(num_classes: int, args: argparse.Namespace) -> torch.Tensor:
+    """A class table ``[num_classes, args.dim]`` of ``N(0, 1 / D)`` entries on ``args.device``."""
+    gen = _generator(args, 0)
+    return torch.randn(num_classes, args.dim, generator=gen, device=args.device) * args.dim**-0.5
+
+
 def _fitted_midx(num_classes: int, codebook_size: int, quantizer: str, table) -> MIDXSampler:
-    sampler = MIDXSampler(num_classes, codebook_size, quantizer, "fast")
+    """A fast-mode MIDX sampler on ``table``'s device, its index built from ``table``."""
+    sampler = MIDXSampler(num_classes, codebook_size, quantizer, "fast").to(table.device)
     sampler.refresh(table)
     return sampler
 
 
-def time_sequence_heads(args: argparse.Namespace, rows: list[dict]) -> None:
-    """Appends ``seq_head`` rows: forward + backward of the sampled head at a sequence model's
-    shape, uniform vs MIDX-pq / -rq per codebook size, round-robin, with peak memory."""
-    n = SEQ_CLASSES
-    gen = torch.Generator().manual_seed(0)
-    table = torch.randn(n, args.dim, generator=gen) * args.dim**-0.5
-    z = torch.randn(SEQ_QUERIES, args.dim, generator=gen)
-    y = torch.randint(n, (SEQ_QUERIES,), generator=gen)
-    heads: dict[tuple[str, int | str], ProposalHead] = {
-        ("uniform", ""): SampledSoftmaxHead(n, args.dim, UniformSampler(n), SEQ_NEGATIVES),
-        ("ove_uniform", ""): OneVsEachHead(n, args.dim, UniformSampler(n), SEQ_NEGATIVES),
-        ("tapas_uniform_r2", ""): TapasHead(n, args.dim, None, SEQ_NEGATIVES, presample_factor=2),
+def sequence_heads(args: argparse.Namespace) -> dict[tuple[str, int | str], ProposalHead]:
+    """The heads of :func:`time_sequence_heads` that ``args.seq_methods`` names, keyed by
+    ``(method, K)`` (K is ``""`` without an index), on ``args.device`` over one class table
+    ``[args.seq_classes, args.dim]``, MIDX indexes built."""
+    n, m = args.seq_classes, SEQ_NEGATIVES
+    table = class_table(n, args)
+    builders: dict[str, Callable[[], ProposalHead]] = {
+        "uniform": lambda: SampledSoftmaxHead(n, args.dim, UniformSampler(n), m),
+        "ove_uniform": lambda: OneVsEachHead(n, args.dim, UniformSampler(n), m),
+        "tapas_uniform_r2": lambda: TapasHead(n, args.dim, None, m, presample_factor=2),
     }
-    for k in args.seq_codebook_sizes:
-        for quantizer in ("pq", "rq"):
-            sampler = _fitted_midx(n, k, quantizer, table)
-            heads[f"midx_{quantizer}", k] = SampledSoftmaxHead(n, args.dim, sampler, SEQ_NEGATIVES)
-    steps: dict[tuple[str, int | str], Callable[[], None]] = {}
-    for key, head in heads.items():
+    heads: dict[tuple[str, int | str], ProposalHead] = {}
+    for method in args.seq_methods:
+        if method in builders:
+            heads[method, ""] = builders[method]().to(args.device)
+            continue
+        for k in args.seq_codebook_sizes:
+            sampler = _fitted_midx(n, k, method.removeprefix("midx_"), table)
+            heads[method, k] = SampledSoftmaxHead(n, args.dim, sampler, m).to(args.device)
+    for head in heads.values():
         with torch.no_grad():
             head.weight.copy_(table)
+    return heads
+
+
+def time_sequence_heads(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Appends ``seq_head`` rows: forward + backward of the sampled head at a sequence model's
+    shape (``args.seq_queries`` queries ``[T, D]``, ``args.seq_classes`` classes), uniform vs
+    MIDX-pq / -rq per codebook size, round-robin, with peak memory."""
+    n = args.seq_classes
+    gen = _generator(args, 1)
+    z = torch.randn(args.seq_queries, args.dim, generator=gen, device=args.device)
+    y = torch.randint(n, (args.seq_queries,), generator=gen, device=args.device)
+    heads = sequence_heads(args)
+    steps: dict[tuple[str, int | str], Callable[[], None]] = {}
+    for key, head in heads.items():
 
         def step(head=head) -> None:
             head.zero_grad(set_to_none=True)
@@ -238,9 +275,8 @@ def time_sequence_draws(args: argparse.Namespace, rows: list[dict]) -> None:
     """Appends ``seq_draw`` rows: one MIDX-rq draw of 20 negatives for 12,800 queries at
     N = 50,000 per codebook size, round-robin, with peak memory."""
     n = DRAW_CLASSES
-    gen = torch.Generator().manual_seed(0)
-    table = torch.randn(n, args.dim, generator=gen) * args.dim**-0.5
-    z = torch.randn(SEQ_QUERIES, args.dim, generator=gen)
+    table = class_table(n, args)
+    z = torch.randn(SEQ_QUERIES, args.dim, generator=_generator(args, 1), device=args.device)
     samplers = {k: _fitted_midx(n, k, "rq", table) for k in args.seq_codebook_sizes}
     steps = {
         ("midx_rq", k): lambda s=sampler: s.sample(z, DRAW_NEGATIVES)
@@ -261,13 +297,12 @@ def _round_robin(
     times: dict = {key: [] for key in steps}
     for round_index in range(args.repeats + 1):
         for key, fn in steps.items():
-            start = time.perf_counter()
-            fn()
+            seconds = timed(fn, args.device)
             if round_index:
-                times[key].append(time.perf_counter() - start)
+                times[key].append(seconds)
     for (name, k), fn in steps.items():
         seconds = statistics.median(times[name, k])
-        peak = peak_extra_bytes(fn, "cpu")
+        peak = peak_extra_bytes(fn, args.device)
         rows.append(
             _row(
                 measurement,
@@ -282,8 +317,8 @@ def _round_robin(
         log(f"{measurement} {name} K={k}: {1e3 * seconds:.0f} ms, peak +{peak / 2**20:.0f} MiB")
 
 
-def summary(rows: list[dict]) -> str:
-    """Markdown notes: the two targets and how the measurements were taken."""
+def summary(rows: list[dict], args: argparse.Namespace) -> str:
+    """Markdown notes: the targets and how the measurements were taken."""
 
     def find(measurement: str, sampler: str, n: int, k: int | str | None = None) -> dict | None:
         for row in rows:
@@ -321,25 +356,26 @@ def summary(rows: list[dict]) -> str:
                 f"- training step of SampledSoftmaxHead at N = {n:.0e}, {name} / uniform: "
                 f"{ratio:.2f}x (target <= 2x: {verdict(ratio <= 2.0)})"
             )
-    lines += _issue14_targets(rows, sizes, ms, find, verdict)
+    lines += _issue14_targets(rows, sizes, ms, find, verdict, args.seq_classes)
     lines += [
         "",
         "B = 256 queries, M = 100 negatives per query (per-query draws, with log_q), K = 64, "
         "D = 64. Draw and step times are medians after a warm-up, every (sampler, N) timed "
-        "round-robin; refresh (faiss k-means trained on 256 classes per codeword, 25 iterations "
-        "per codebook, every class then assigned) is not part of the draw time, as in the paper's "
+        f"round-robin, on {args.device}; refresh (k-means, through faiss on the CPU and in torch "
+        "on CUDA, trained on 256 classes per codeword, 25 iterations per codebook, every class "
+        "then assigned) is not part of the draw time, as in the paper's "
         "Figure 6. Train step: forward + backward + SGD step, the samplers timed round-robin. "
-        f"seq_head: forward + backward of SampledSoftmaxHead(N = {SEQ_CLASSES:,}, D = 64, "
-        f"M = {SEQ_NEGATIVES}) on {SEQ_QUERIES:,} queries; seq_draw: one MIDX-rq draw of "
+        f"seq_head: forward + backward of SampledSoftmaxHead(N = {args.seq_classes:,}, D = 64, "
+        f"M = {SEQ_NEGATIVES}) on {args.seq_queries:,} queries; seq_draw: one MIDX-rq draw of "
         f"{DRAW_NEGATIVES} negatives for {SEQ_QUERIES:,} queries at N = {DRAW_CLASSES:,}; both "
-        "timed round-robin over codebook sizes, peak_mib is the peak RSS beyond what was "
-        "allocated before one more call (reset first). "
+        "timed round-robin over codebook sizes, peak_mib is the peak RSS (on CUDA: "
+        "`max_memory_allocated`) beyond what was allocated before one more call (reset first). "
         "Reproduce: `python -m benchmarks.sampler_time`.",
     ]
     return "\n".join(lines)
 
 
-def _issue14_targets(rows, sizes, ms, find, verdict) -> list[str]:
+def _issue14_targets(rows, sizes, ms, find, verdict, seq_classes: int) -> list[str]:
     """The issue-14 target lines for the measurements present in ``rows``."""
     lines = []
     if {1e4, 1e7} <= set(sizes):
@@ -366,15 +402,15 @@ def _issue14_targets(rows, sizes, ms, find, verdict) -> list[str]:
                     f"- {name} refresh at N = {n:.0e}: {refresh / 1e3:.1f} s (target <= "
                     f"{limit_s:g} s: {verdict(refresh <= 1e3 * limit_s)})"
                 )
-    uniform = ms("seq_head", "uniform", SEQ_CLASSES)
+    uniform = ms("seq_head", "uniform", seq_classes)
     for name in ("ove_uniform", "tapas_uniform_r2"):
-        other = ms("seq_head", name, SEQ_CLASSES)
+        other = ms("seq_head", name, seq_classes)
         if uniform is not None and other is not None:
             lines.append(
                 f"- sequence-shape head, {name} / uniform: {other:.0f} / {uniform:.0f} ms = "
                 f"{other / uniform:.2f}x (improve where > 1.3x: {verdict(other <= 1.3 * uniform)})"
             )
-    rq32 = ms("seq_head", "midx_rq", SEQ_CLASSES, 32)
+    rq32 = ms("seq_head", "midx_rq", seq_classes, 32)
     if uniform is not None and rq32 is not None:
         lines.append(
             f"- sequence-shape head, midx_rq K = 32 / uniform: {rq32:.0f} / {uniform:.0f} ms = "
@@ -391,7 +427,7 @@ def _issue14_targets(rows, sizes, ms, find, verdict) -> list[str]:
     return lines
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], args: argparse.Namespace) -> None:
     """Figure 6: draw time vs number of classes per sampler, MIDX refresh time, and the head at
     the sequence shape vs codebook size."""
     import matplotlib
@@ -436,14 +472,16 @@ def plot(rows: list[dict]) -> None:
         seq_ax.set_xscale("log", base=2)
         seq_ax.set_xlabel("codebook size K")
         seq_ax.set_ylabel("ms per forward + backward")
-        seq_ax.set_title(f"Head at {SEQ_QUERIES:,} queries x {SEQ_NEGATIVES}, N = {SEQ_CLASSES:,}")
+        seq_ax.set_title(
+            f"Head at {args.seq_queries:,} queries x {SEQ_NEGATIVES}, N = {args.seq_classes:,}"
+        )
         seq_ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS_DIR / "sampler_time.png", dpi=110)
+    fig.savefig(result_path(args.name, ".png"), dpi=110)
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--sizes", type=float, nargs="+", default=[1e4, 1e5, 1e6, 1e7], help="numbers of classes"
@@ -469,8 +507,17 @@ def main() -> None:
         default=[32, 64, 128, 256],
         help="K of the sequence-shape head and draw measurements (none: skip them)",
     )
+    parser.add_argument("--seq-classes", type=int, default=SEQ_CLASSES, help="N of seq_head")
+    parser.add_argument("--seq-queries", type=int, default=SEQ_QUERIES, help="T of seq_head")
+    parser.add_argument("--seq-methods", nargs="+", choices=SEQ_METHODS, default=list(SEQ_METHODS))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--name",
+        default="sampler_time",
+        help="file stem under benchmarks/results/, or an absolute path without suffix",
+    )
     add_background_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     load_start = load_average()
     args.step_classes = int(args.step_classes)
     if args.threads:
@@ -487,16 +534,16 @@ def main() -> None:
     if args.seq_codebook_sizes:
         time_sequence_heads(args, rows)
         time_sequence_draws(args, rows)
-    notes = summary(rows)
+    notes = summary(rows, args)
     path = write_results(
-        "sampler_time",
+        args.name,
         rows,
         title="Sampler draw, refresh and step time",
         notes=notes,
         header=load_header(load_start, load_average(), args.background),
     )
-    plot(rows)
-    log(f"wrote {path} and sampler_time.csv / .png\n{notes}")
+    plot(rows, args)
+    log(f"wrote {path} and its .csv / .png\n{notes}")
 
 
 if __name__ == "__main__":

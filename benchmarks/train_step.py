@@ -26,10 +26,10 @@ encoder, draw, head), ``backward`` and ``optimizer``.
 
 Schedules: where all configurations of one N fit ``--mem-budget-gb`` (estimate ``13 N D 4``
 bytes: table and two moments per path, plus the dense gradients and Adam's two ``[N, D]``
-temporaries) the nine are interleaved. Otherwise (N = 1e7) the sparse path runs first, interleaved
-with a *companion* sparse path at ``--companion-size`` (2e5, where ``B M`` touches about as many
-distinct rows), so that target (1) compares the two sizes under the same load; then its memory is
-freed and each dense path runs alone.
+temporaries) all of them (nine by default) are interleaved. Otherwise (N = 1e7) the sparse path
+runs first, interleaved with a *companion* sparse path at ``--companion-size`` (2e5, where
+``B M`` touches about as many distinct rows), so that target (1) compares the two sizes under the
+same load; then its memory is freed and each dense path runs alone.
 
 Memory (CPU): after timing, one more step per configuration with the peak-RSS counter reset just
 before it (after ``gc.collect()`` and ``malloc_trim`` so freed heap pages are not reused unseen):
@@ -41,10 +41,11 @@ Profile: at ``--profile-sizes`` every sparse configuration and the dense uniform
 ``--profile-steps`` ``torch.profiler`` traces of one step each (interleaved); the Markdown lists
 the top operators by self time per step, and compares the operators of the two targets' pairs.
 
-Run: ``OMP_NUM_THREADS=1 python -m benchmarks.train_step [--sizes 10000 200000] [--threads 1]``;
-results in ``benchmarks/results/train_step.{csv,md,png}``. Peak memory at N = 1e7: about 16 GB (the
-dense path: table, gradient, two moments, two temporaries), about 11 GB during the sparse phase
-and the MIDX refresh (faiss k-means).
+Run: ``OMP_NUM_THREADS=1 python -m benchmarks.train_step [--sizes 10000 200000] [--threads 1]
+[--paths sparse dense_fused] [--device cuda] [--name NAME]``; results in
+``benchmarks/results/<name>.{csv,md,png}`` (``--name`` may be an absolute path without suffix).
+Peak memory at N = 1e7: about 16 GB (the dense path: table, gradient, two moments, two
+temporaries), about 11 GB during the sparse phase and the MIDX refresh (faiss k-means).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from benchmarks.common import (
     peak_rss_bytes,
     provenance,
     reset_peak_rss,
+    result_path,
     write_results,
 )
 from lightning_sampled.heads import SampledSoftmaxHead
@@ -127,13 +129,15 @@ def make_path(
     samplers: dict[str, Sampler],
     args: argparse.Namespace,
 ) -> TrainPath:
-    """Builds the table (same seed for both paths), encoder, inputs, heads and optimizer."""
-    gen = torch.Generator().manual_seed(0)
+    """Builds the table (same seed for every path, drawn on ``args.device`` by its own
+    generator: a GPU draws a 1e7-row table in milliseconds), encoder, inputs, heads and
+    optimizer."""
+    gen = torch.Generator(device=args.device).manual_seed(0)
     weight = nn.Parameter(
-        (torch.randn(num_classes, args.dim, generator=gen) * 0.05).to(args.device)
+        torch.randn(num_classes, args.dim, generator=gen, device=args.device) * 0.05
     )
-    x = torch.randn(args.batch, INPUT_DIM, generator=gen).to(args.device)
-    y = torch.randint(num_classes, (args.batch,), generator=gen).to(args.device)
+    x = torch.randn(args.batch, INPUT_DIM, generator=gen, device=args.device)
+    y = torch.randint(num_classes, (args.batch,), generator=gen, device=args.device)
     torch.manual_seed(1)
     encoder = nn.Linear(INPUT_DIM, args.dim).to(args.device)
     sparse = name == "sparse"
@@ -414,21 +418,23 @@ def run_size(run: Run, n: int) -> None:
     run.load.append(f"N = {n:,} start: {machine_load()}")
     samplers = {n: make_samplers(n, args.codebook_sizes, args.device)}
     budget = args.mem_budget_gb * 2**30
-    if sum(path_bytes(n, p, args.dim) for p in PATHS) <= budget:
+    if sum(path_bytes(n, p, args.dim) for p in args.paths) <= budget:
         log(f"N = {n:,}: all paths interleaved")
-        run_group(run, [(n, p) for p in PATHS], samplers, "all nine interleaved", set())
+        run_group(run, [(n, p) for p in args.paths], samplers, "all interleaved", set())
     else:
         comp = args.companion_size
-        units = [(n, "sparse")]
-        if comp and comp != n and path_bytes(comp, "sparse", args.dim) <= budget:
-            samplers[comp] = make_samplers(comp, args.codebook_sizes, args.device)
-            units.append((comp, "sparse"))
-        log(f"N = {n:,}: one path at a time, sparse with {units[1:]}")
-        schedule = f"sparse at N = {n:.0e} and {comp:.0e} interleaved"
-        run_group(run, units, samplers, schedule, {comp})
-        samplers.pop(comp, None)
-        for p in PATHS[1:]:
-            run_group(run, [(n, p)], samplers, f"{p} alone (3 interleaved)", set())
+        if "sparse" in args.paths:
+            units = [(n, "sparse")]
+            if comp and comp != n and path_bytes(comp, "sparse", args.dim) <= budget:
+                samplers[comp] = make_samplers(comp, args.codebook_sizes, args.device)
+                units.append((comp, "sparse"))
+            log(f"N = {n:,}: one path at a time, sparse with {units[1:]}")
+            schedule = f"sparse at N = {n:.0e} and {comp:.0e} interleaved"
+            run_group(run, units, samplers, schedule, {comp})
+            samplers.pop(comp, None)
+        for p in args.paths:
+            if p != "sparse":
+                run_group(run, [(n, p)], samplers, f"{p} alone (samplers interleaved)", set())
     del samplers
     gc.collect()
     _malloc_trim()
@@ -600,8 +606,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-sizes", type=float, nargs="*", default=[2e5, 1e6, 1e7])
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--profile-top", type=int, default=10)
+    parser.add_argument(
+        "--paths", nargs="+", choices=PATHS, default=list(PATHS), help="optimisation paths"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--name", default="train_step")
+    parser.add_argument(
+        "--name",
+        default="train_step",
+        help="file stem under benchmarks/results/, or an absolute path without suffix",
+    )
     parser.add_argument("--load-note", default="", help="what else ran, for the Markdown")
     parser.add_argument(
         "--replot", action="store_true", help="only redraw the PNG from the existing CSV"
@@ -702,7 +715,7 @@ Verdicts on the median wall-clock and the median CPU-time ratios (MIXED: one pas
             "schedule",
         ],
     )
-    plot(run.rows, names, RESULTS_DIR / f"{args.name}.png")
+    plot(run.rows, names, result_path(args.name, ".png"))
     print(md.read_text())
     print(f"results under {RESULTS_DIR}")
 

@@ -11,20 +11,28 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
-from .data import GCIDE, MovieLens, PennTreebank, RecipeData, SyntheticSequences
-from .models import GRU4Rec, LSTMLanguageModel, SASRec
-from .module import LanguageModel, SampledModule, SequentialRecommender
+import importlib
 
-__all__ = [
-    "GCIDE",
-    "GRU4Rec",
-    "LSTMLanguageModel",
-    "LanguageModel",
-    "MovieLens",
-    "PennTreebank",
-    "RecipeData",
-    "SASRec",
-    "SampledModule",
-    "SequentialRecommender",
-    "SyntheticSequences",
-]
+#: the public names and the submodule that holds each: imported on first use (PEP 562), so that
+#: ``recipes.models`` and ``recipes.memory`` import where Hugging Face ``datasets``, which only the
+#: data modules need, is missing (the GPU machine of scripts/gpu_check.sh)
+_SUBMODULE = {
+    "GCIDE": ".data",
+    "MovieLens": ".data",
+    "PennTreebank": ".data",
+    "RecipeData": ".data",
+    "SyntheticSequences": ".data",
+    "GRU4Rec": ".models",
+    "LSTMLanguageModel": ".models",
+    "SASRec": ".models",
+    "LanguageModel": ".module",
+    "SampledModule": ".module",
+    "SequentialRecommender": ".module",
+}
+__all__ = sorted(_SUBMODULE)
+
+
+def __getattr__(name: str):
+    if name not in _SUBMODULE:
+        raise AttributeError(f"module 'recipes' has no attribute {name!r}")
+    return getattr(importlib.import_module(_SUBMODULE[name], __name__), name)
