@@ -183,6 +183,8 @@ class Method:
         logits_bytes: bytes per ``(query, class)`` pair the step keeps alive at once (0 where
             the logits are never materialised), for :func:`estimated_bytes`.
         requires: a module that must be importable (a peer's package), or ``None``.
+        fused_on_cuda: whether on CUDA it never materialises logits (Cut Cross-Entropy's Triton
+            implementation; its CPU ``torch_compile`` one does).
     """
 
     name: str
@@ -192,6 +194,7 @@ class Method:
     build: Callable[[Problem], Built]
     logits_bytes: int = 0
     requires: str | None = None
+    fused_on_cuda: bool = False
 
 
 def build_plain(problem: Problem) -> Built:
@@ -399,6 +402,7 @@ def all_methods() -> list[Method]:
             build_cut_cross_entropy,
             logits_bytes=12,
             requires="cut_cross_entropy",
+            fused_on_cuda=True,
         ),
         Method("adaptive_log_softmax", "peer", False, False, build_adaptive),
         Method("full_softmax_head", "ours", True, False, head_builder(full_head, False)),
@@ -438,12 +442,16 @@ def missing_requirement(method: Method, device: str = "cpu") -> str | None:
     return None
 
 
-def estimated_bytes(method: Method, num_classes: int, batch: int, dim: int) -> int:
+def estimated_bytes(
+    method: Method, num_classes: int, batch: int, dim: int, device: str = "cpu"
+) -> int:
     """An upper estimate of one step's memory beyond the inputs: the logits it keeps alive
     (``logits_bytes`` per query and class: logits, softmax and their gradient for plain
-    cross-entropy) plus a dense ``[N, D]`` gradient and one ``[N, D]`` temporary."""
+    cross-entropy; none for a method ``fused_on_cuda`` there) plus a dense ``[N, D]`` gradient
+    and one ``[N, D]`` temporary."""
     dense_table = 0 if method.sparse_grad else 2 * num_classes * dim * FLOAT_BYTES
-    return method.logits_bytes * batch * num_classes + dense_table
+    logits_bytes = 0 if method.fused_on_cuda and device == "cuda" else method.logits_bytes
+    return logits_bytes * batch * num_classes + dense_table
 
 
 def available_bytes(device: str) -> int:
@@ -461,7 +469,7 @@ def skip_reason(method: Method, num_classes: int, batch: int, dim: int, device: 
     missing = missing_requirement(method, device)
     if missing:
         return missing
-    need = estimated_bytes(method, num_classes, batch, dim)
+    need = estimated_bytes(method, num_classes, batch, dim, device)
     free = available_bytes(device)
     if need + MEMORY_MARGIN_BYTES > free:
         return (

@@ -11,7 +11,8 @@
 # lacks travel as wheels in .whl/ (faiss-cpu, cut-cross-entropy, jsonargparse and its two needs) and
 # are installed into /tmp/site. Results go to $OUT (default: ./gpu_results): log.txt, and
 # results.tgz with every CSV / Markdown / PNG (the device tool returns at most 8 files).
-# Dry run on a CPU machine: `GPU_CHECK_DRY=1 bash scripts/gpu_check.sh 28 29 30` (tiny sizes).
+# Dry run on a CPU machine: `GPU_CHECK_DRY=1 bash scripts/gpu_check.sh 28 29 30` (tiny sizes);
+# GPU_CHECK_SHAPES narrows 28's head_step shapes (default: A B C).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_results}
@@ -73,7 +74,7 @@ for issue in "$@"; do
                 tests/heads/test_exact_backends.py" bash scripts/test_gpu.sh -v --timeout 60 \
                 --junitxml="$RESULTS/test_gpu_kernels.xml"
         fi
-        for shape in A B C; do
+        for shape in ${GPU_CHECK_SHAPES:-A B C}; do
             sizes=SIZES_$shape
             # shellcheck disable=SC2086
             part "head_step $shape" 100 "$PY" -m benchmarks.head_step --device $HEAD_DEVICE \

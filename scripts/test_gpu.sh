@@ -14,4 +14,5 @@ PY=${PY:-.venv/bin/python}
 GPU_TESTS=${GPU_TESTS:-tests/kernels tests/heads/test_exact_backends.py tests/heads/test_compile.py \
 tests/callbacks/test_rng_checkpoint.py tests/gpu}
 # shellcheck disable=SC2086
-TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -rs "$@" $GPU_TESTS
+# -m gpu: the CUDA cases only; their CPU cases (which need the interpreter) run under `make test`
+TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu "$@" $GPU_TESTS

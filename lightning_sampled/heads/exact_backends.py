@@ -4,19 +4,23 @@ cross-entropy with, and which one ``backend="auto"`` picks.
 - ``"torch"``: :func:`~lightning_sampled.heads.chunked.chunked_nll`, plain torch in class chunks
   (every device, every option, fp64 included).
 - ``"triton"``: :func:`~lightning_sampled.heads.fused.fused_nll`, the fused Triton passes (CUDA;
-  CPU only under Triton's interpreter), every option and dtype.
+  CPU only under Triton's interpreter), every option; products in bf16, fp16 or fp32 (fp64
+  products take the torch path: Triton's dot does not compile fp64 for Hopper).
 - ``"cut_cross_entropy"``: a hand-off to Cut Cross-Entropy (``pip install cut-cross-entropy``),
   its Triton implementation on CUDA (``impl="cce"``), ``"torch_compile"`` elsewhere. It filters
   small gradients: its default ``filter_eps="high"`` skips the blocks of the backward whose softmax
   entries all fall below bf16's resolution (``2^-12``), which it states loses nothing at bf16;
-  the hand-off keeps that default. No bias, ``padding_idx``, ``normalize`` or label smoothing.
+  the hand-off keeps that default. No bias, ``padding_idx``, ``normalize`` or label smoothing;
+  on CUDA bf16 / fp16 products only (its backward refuses fp32).
 - ``"linear_cross_entropy"``: a hand-off to torch's ``F.linear_cross_entropy`` with its chunked
   path (``options=nn.LinearCrossEntropyOptions()``; torch >= 2.13), which does not filter. Bias;
   no ``padding_idx``, ``normalize`` or label smoothing (with which torch leaves its chunked path
   for the whole ``[T, N]`` logits).
 
 ``"auto"`` is ``"triton"`` for CUDA queries whose matmul dtype is bf16, fp16 or fp32 when Triton
-is installed, ``"torch"`` otherwise.
+is installed, ``"torch"`` otherwise, and also under ``torch.compile``, whose inductor fuses the
+torch path's chunks itself (the fused kernels are launched from an ``autograd.Function``, which
+dynamo does not trace through).
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ from .chunked import compute_dtype
 
 #: the values of ``FullSoftmaxHead(backend=...)``
 EXACT_BACKENDS = ("auto", "torch", "triton", "cut_cross_entropy", "linear_cross_entropy")
-#: matmul dtypes for which ``"auto"`` picks the fused kernel (fp64 takes the torch path)
-AUTO_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: the options each hand-off cannot take
 _HANDOFF_LIMITS = {
     "cut_cross_entropy": ("bias", "padding_idx", "normalize", "label_smoothing"),
@@ -40,13 +42,17 @@ _HANDOFF_LIMITS = {
 }
 
 
-def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+#: whether Triton can be imported, read once (``resolve_backend`` runs inside compiled code)
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+#: matmul dtypes the fused kernel computes in (Triton's dot does not compile fp64 for Hopper)
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: matmul dtypes Cut Cross-Entropy's CUDA backward takes
+CCE_CUDA_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def backend_missing(backend: str) -> str | None:
     """Why ``backend`` cannot run in this environment, or ``None`` where it can."""
-    if backend == "triton" and not triton_installed():
+    if backend == "triton" and not TRITON_INSTALLED:
         return "it needs Triton (pip install triton; Linux only)"
     if backend == "cut_cross_entropy" and importlib.util.find_spec("cut_cross_entropy") is None:
         return "it needs Cut Cross-Entropy (pip install cut-cross-entropy)"
@@ -86,11 +92,16 @@ def check_exact_backend(
 
 
 def resolve_backend(backend: str, z: Tensor) -> str:
-    """The backend that computes the loss of queries ``z``: ``backend`` itself, or for
-    ``"auto"`` the one the module docstring names."""
+    """The backend that computes the loss of queries ``z`` (module docstring): ``backend``
+    itself, but ``"torch"`` for fp64 products on ``"triton"``; for ``"auto"`` the fused kernel
+    for CUDA queries, outside ``torch.compile`` (which fuses the torch path itself)."""
+    fused_dtype = compute_dtype(z) in FUSED_DTYPES
+    if backend == "triton":
+        return backend if fused_dtype else "torch"
     if backend != "auto":
         return backend
-    fused = z.is_cuda and compute_dtype(z) in AUTO_FUSED_DTYPES and triton_installed()
+    compiling = torch.compiler.is_compiling()
+    fused = z.is_cuda and fused_dtype and TRITON_INSTALLED and not compiling
     return "triton" if fused else "torch"
 
 
@@ -104,6 +115,12 @@ def handoff_nll(
     """Per-row exact cross-entropy ``[T]`` (fp32) by the peer ``backend`` names, its matmuls in
     :func:`~lightning_sampled.heads.chunked.compute_dtype` of ``z``."""
     dtype = compute_dtype(z)
+    if backend == "cut_cross_entropy" and z.is_cuda and dtype not in CCE_CUDA_DTYPES:
+        raise ValueError(
+            f"backend='cut_cross_entropy' computes gradients for bf16 / fp16 products only, got "
+            f"{dtype}: train under autocast (Lightning's precision='bf16-mixed') or use "
+            f"backend='triton'"
+        )
     z_c, w_c = z.to(dtype), weight.to(dtype)
     with torch.autocast(z.device.type, enabled=False):
         if backend == "cut_cross_entropy":

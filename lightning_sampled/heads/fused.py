@@ -33,7 +33,7 @@ def fused_chunk_size(chunk_size: int | None, num_rows: int, num_classes: int) ->
 def inverse_norms(weight: Tensor) -> Tensor:
     """fp32 ``[N]`` ``1 / max(||w_c||, 1e-12)``: the factors that turn ``z . w_c`` into
     ``z . unit_rows(w)_c`` (:func:`~lightning_sampled.heads.chunked.unit_rows`' ``eps``), the
-    norms taken in fp32 (fp64 for an fp64 table)."""
+    norms taken in fp32 (fp64 for an fp64 table), without a widened copy of the table."""
     wide = torch.promote_types(weight.dtype, torch.float32)
     norms = torch.linalg.vector_norm(weight.detach(), dim=1, dtype=wide)
     return norms.clamp_min(1e-12).reciprocal().float()

@@ -16,9 +16,10 @@ cosine scores; ``b`` an optional bias), with ``o[:, padding_idx] = -inf``. The l
   ``sum_t g_t loss_t`` with respect to the logits (``h = 1 - eps``, ``e = eps / N'``), written in
   the dtype of the matmuls that consume it; one ``[T, end - start]`` block per launch.
 
-The matmuls run in ``dot_dtype`` (bf16, fp16, fp32 or fp64; the inputs are cast while they are
-loaded, so an fp32 table under bf16 autocast is never copied) and accumulate in fp32 (fp64 for
-fp64 operands); fp32 products use IEEE fp32, like torch's default (no TF32). Every output is fp32.
+The matmuls run in ``dot_dtype`` (bf16, fp16 or fp32; not fp64, which Triton's ``tl.dot`` does not
+compile for Hopper; the inputs are cast while they are loaded, so an fp32 table under bf16
+autocast is never copied) and accumulate in fp32; fp32 products use IEEE fp32, like torch's
+default (no TF32). Every output is fp32.
 :func:`lse_partials_reference` and
 :func:`softmax_grad_reference` compute the same with plain torch ops (the ``[T, N]`` logits in
 memory), for tests and for devices without Triton.
@@ -34,7 +35,7 @@ from torch import Tensor
 from ._triton import check_kernel_runs_on, tl, triton, triton_interpreted
 
 #: dtypes the kernels' matmuls run in
-DOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+DOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def logits_reference(
@@ -144,11 +145,10 @@ def target_logits(
     padding_idx: int | None, dot_dtype: torch.dtype,
 ) -> Tensor:  # fmt: skip
     """fp32 ``[T]`` logits ``o[t, y_t]`` (module docstring), one row product per query: the
-    operands rounded to ``dot_dtype``, the products summed in fp32 (fp64 for fp64)."""
-    wide = torch.promote_types(dot_dtype, torch.float32)
-    rows = weight[target].to(dot_dtype).to(wide)
+    operands rounded to ``dot_dtype``, the products summed in fp32."""
+    rows = weight[target].to(dot_dtype).float()
     with torch.autocast(z.device.type, enabled=False):
-        logit = (z.to(dot_dtype).to(wide) * rows).sum(dim=1).float()
+        logit = (z.to(dot_dtype).float() * rows).sum(dim=1)
     if scale is not None:
         logit = logit * scale[target].float()
     if bias is not None:
@@ -196,13 +196,10 @@ def softmax_grad_triton(
 
 def block_config(z: Tensor, dot_dtype: torch.dtype) -> dict[str, int]:
     """Tile sizes and launch settings: Hopper-sized tiles for compiled kernels (shallower depth
-    tiles for fp32 and smaller tiles for fp64, whose operands and accumulators take more shared
-    memory and registers), small ones under the interpreter (whose cost grows with the tile, not
-    with the work the mask leaves)."""
+    tiles for fp32, whose operands take twice the shared memory), small ones under the
+    interpreter (whose cost grows with the tile, not with the work the mask leaves)."""
     if z.device.type == "cpu":  # the interpreter
         return dict(BLOCK_T=16, BLOCK_N=32, BLOCK_D=16, num_warps=4, num_stages=1)
-    if dot_dtype == torch.float64:
-        return dict(BLOCK_T=64, BLOCK_N=64, BLOCK_D=32, num_warps=4, num_stages=2)
     block_d = 32 if dot_dtype == torch.float32 else 64
     return dict(BLOCK_T=128, BLOCK_N=128, BLOCK_D=block_d, num_warps=8, num_stages=3)
 
@@ -242,12 +239,10 @@ def _dot_settings(dot_dtype: torch.dtype) -> dict:
         torch.float32: tl.float32,
         torch.bfloat16: tl.bfloat16,
         torch.float16: tl.float16,
-        torch.float64: tl.float64,
     }
     return dict(
         DOT_DTYPE=dtypes[dot_dtype],
-        WIDEN_DOT=triton_interpreted() and dot_dtype in (torch.bfloat16, torch.float16),
-        ACC_DTYPE=tl.float64 if dot_dtype == torch.float64 else tl.float32,
+        WIDEN_DOT=triton_interpreted() and dot_dtype != torch.float32,
         PRECISION="tf32"
         if dot_dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         else "ieee",
@@ -260,12 +255,12 @@ if triton is not None:
     def _logits_tile(
         z_ptr, w_ptr, bias_ptr, scale_ptr, rows, cols, T, col_end, D, stride_z, stride_w,
         padding_idx, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-        WIDEN_DOT: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+        WIDEN_DOT: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         """fp32 ``[BLOCK_T, BLOCK_N]`` logits of query ``rows`` and class ``cols`` (``-inf`` for
         columns at or beyond ``col_end`` and for ``padding_idx``)."""
-        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=ACC_DTYPE)
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         row_ok = rows < T
         col_ok = cols < col_end
         for d0 in range(0, D, BLOCK_D):
@@ -285,7 +280,6 @@ if triton is not None:
                 z = z.to(tl.float32)
                 w = w.to(tl.float32)
             acc = tl.dot(z, tl.trans(w), acc, input_precision=PRECISION)
-        acc = acc.to(tl.float32)
         if HAS_SCALE:
             acc = acc * tl.load(scale_ptr + cols, mask=col_ok, other=1.0)[None, :]
         if HAS_BIAS:
@@ -299,7 +293,7 @@ if triton is not None:
         T, N, D, stride_z, stride_w, classes_per_split, padding_idx,
         HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, WITH_SUM: tl.constexpr,
         DOT_DTYPE: tl.constexpr,
-        WIDEN_DOT: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+        WIDEN_DOT: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -314,7 +308,7 @@ if triton is not None:
             cols = n0 + tl.arange(0, BLOCK_N)
             logits = _logits_tile(
                 z_ptr, w_ptr, bias_ptr, scale_ptr, rows, cols, T, n_end, D, stride_z, stride_w,
-                padding_idx, HAS_BIAS, HAS_SCALE, DOT_DTYPE, WIDEN_DOT, ACC_DTYPE, PRECISION,
+                padding_idx, HAS_BIAS, HAS_SCALE, DOT_DTYPE, WIDEN_DOT, PRECISION,
                 BLOCK_T, BLOCK_N, BLOCK_D,
             )  # fmt: skip
             new_max = tl.maximum(run_max, tl.max(logits, axis=1))
@@ -336,7 +330,7 @@ if triton is not None:
         z_ptr, w_ptr, bias_ptr, scale_ptr, target_ptr, lse_ptr, g_ptr, out_ptr,
         T, start, end, D, stride_z, stride_w, padding_idx, hit, smoothing,
         HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-        WIDEN_DOT: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+        WIDEN_DOT: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -344,7 +338,7 @@ if triton is not None:
         row_ok = rows < T
         logits = _logits_tile(
             z_ptr, w_ptr, bias_ptr, scale_ptr, rows, cols, T, end, D, stride_z, stride_w,
-            padding_idx, HAS_BIAS, HAS_SCALE, DOT_DTYPE, WIDEN_DOT, ACC_DTYPE, PRECISION,
+            padding_idx, HAS_BIAS, HAS_SCALE, DOT_DTYPE, WIDEN_DOT, PRECISION,
             BLOCK_T, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)

@@ -144,6 +144,9 @@ def test_estimated_bytes_counts_the_logits_and_a_dense_table_gradient():
     plain, sparse = METHODS["plain_cross_entropy"], METHODS["uniform_sparse"]
     assert head_step.estimated_bytes(plain, 1000, 10, 8) == 12 * 10 * 1000 + 2 * 1000 * 8 * 4
     assert head_step.estimated_bytes(sparse, 1000, 10, 8) == 0
+    cce = METHODS["cut_cross_entropy"]  # its Triton kernels never hold the logits
+    assert head_step.estimated_bytes(cce, 1000, 10, 8, "cuda") == 2 * 1000 * 8 * 4
+    assert head_step.estimated_bytes(cce, 1000, 10, 8, "cpu") == 12 * 10 * 1000 + 2 * 1000 * 8 * 4
 
 
 def test_result_rows_give_time_and_memory_ratios_to_plain_cross_entropy():

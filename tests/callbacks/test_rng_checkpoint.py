@@ -28,6 +28,7 @@ def test_state_dict_round_trip_repeats_every_generator():
     assert draws() == first
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_state_dict_round_trip_repeats_cuda_draws():
     callback = RNGCheckpoint()

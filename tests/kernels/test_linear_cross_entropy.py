@@ -23,7 +23,6 @@ module = importlib.import_module("lightning_sampled.kernels.linear_cross_entropy
 #: (max abs error allowed on the log-normalisers, on the logit gradients) per matmul dtype; the
 #: interpreter rounds to bf16 by truncation, the GPU to nearest
 TOLERANCE = {
-    torch.float64: (1e-5, 1e-6),
     torch.float32: (1e-4, 1e-6),
     torch.float16: (1e-2, 2e-3),
     torch.bfloat16: (1.0, 3e-2),
@@ -127,8 +126,9 @@ def test_no_queries_give_empty_outputs(device):
 
 def test_the_kernels_fail_clearly_where_they_cannot_run(monkeypatch):
     z, w, _, _, y = problem("cpu")
-    with pytest.raises(ValueError, match="runs its matmuls in one of"):
-        lse_partials_triton(z, w, None, None, y, None, torch.int32)
+    for dtype in (torch.int32, torch.float64):  # Triton's dot does not compile fp64 for Hopper
+        with pytest.raises(ValueError, match="runs its matmuls in one of"):
+            lse_partials_triton(z, w, None, None, y, None, dtype)
     monkeypatch.setattr(module, "triton_interpreted", lambda: False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         lse_partials_triton(z, w, None, None, y, None, torch.float32)
