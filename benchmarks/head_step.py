@@ -847,6 +847,9 @@ def main(argv: list[str] | None = None) -> None:
         "autocast (mixed_precision), the peers on the half-precision tensors",
     )
     parser.add_argument("--name", default="head_step", help="file stem, or an absolute path")
+    parser.add_argument(
+        "--commit", default=None, help="the commit to stamp instead of git's (a copy without git)"
+    )
     args = parser.parse_args(argv)
     args.dtype = DTYPES[args.dtype]
     args.sizes = sorted(set(args.sizes))
@@ -863,6 +866,7 @@ def main(argv: list[str] | None = None) -> None:
         title="Head training step: time and peak memory of every head and of the peers",
         notes=notes(args),
         header=load_header(load_start, load_average(), args.background),
+        commit=args.commit,
         columns=[
             "num_classes",
             "method",

@@ -30,6 +30,7 @@ if [ -d .whl ] && [ "$DRY" != 1 ]; then
 else
     export PYTHONPATH=$PWD
 fi
+# the device's copy may carry a stale .git: .gpu_commit (written here before a run) comes first
 COMMIT=$(cat .gpu_commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 echo "== commit $COMMIT, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
@@ -79,7 +80,8 @@ for issue in "$@"; do
             # shellcheck disable=SC2086
             part "head_step $shape" 100 "$PY" -m benchmarks.head_step --device $HEAD_DEVICE \
                 --dtype bfloat16 --repeats 5 ${!sizes} --methods $EXACT \
-                --background "GPU check for issue 28 ($COMMIT)" --name "$RESULTS/gpu_head_$shape"
+                --background "GPU check for issue 28" --commit "$COMMIT" \
+                --name "$RESULTS/gpu_head_$shape"
         done
         ;;
     29)

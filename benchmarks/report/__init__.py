@@ -9,13 +9,15 @@ whose measurements do not exist yet says so, with the command that would make th
 with a number is generated from the tables, so the text cannot go stale. Nothing is measured here.
 
 One module per section (``speed``, ``sampling``, ``ptb``, ``movielens``, ``gcide``,
-``convention``, ``ddp``, ``adaptive``, ``headline``), each naming the result files it reads;
+``convention``, ``ddp``, ``adaptive``, ``gpu``, ``headline``), each naming the result files it
+reads;
 ``common`` formats and reads, ``quality`` compares quality rows with the full softmax, ``papers``
 holds the papers' numbers.
 
 Run: ``python -m benchmarks.report [--benchmarks DIR] [--recipes DIR] [--results-md PATH]
 [--out PATH] [--readme README.md]`` (defaults: this repository's result folders and
-``benchmarks/results/REPORT.md``; ``--readme`` also copies the headline table into the README,
+``benchmarks/results/REPORT.md``; ``benchmarks/results/gpu.md`` is written beside it by
+:mod:`.gpu`; ``--readme`` also copies the headline table into the README,
 between the markers of :mod:`.readme`).
 """
 
@@ -29,6 +31,7 @@ from .common import Inputs
 from .convention import section_convention
 from .ddp import section_ddp
 from .gcide import section_gcide
+from .gpu import section_gpu, write_gpu_md
 from .headline import section_headline
 from .movielens import section_movielens
 from .ptb import section_ptb
@@ -42,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 USED_BENCHMARKS = ("head_step", "head_step_1e7", "sampler_time", "adaptive_softmax_synthetic")
 USED_BENCHMARKS += ("adaptive_softmax_trained", "adaptive_softmax_wallclock", "REPORT")
 USED_BENCHMARKS += ("ddp_scaling", "ddp_scaling_equality")
+USED_BENCHMARKS += ("gpu", "gpu_head_A", "gpu_head_B", "gpu_head_C", "gpu_step")
 
 
 def other_measurements(inputs: Inputs) -> list[str]:
@@ -82,6 +86,7 @@ def build_report(inputs: Inputs) -> str:
         section_convention(inputs),
         section_ddp(inputs),
         section_adaptive_softmax(inputs),
+        section_gpu(inputs),
         other_measurements(inputs),
     ]
     text = "\n".join(line for section in sections for line in [*section, ""])
@@ -102,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out or args.benchmarks / "REPORT.md"
     inputs = Inputs(args.benchmarks, args.recipes, args.results_md, out)
+    print(f"wrote {write_gpu_md(inputs)}")
     text = build_report(inputs)
     out.write_text(text)
     print(f"wrote {out}")

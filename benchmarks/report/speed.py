@@ -19,6 +19,7 @@ from .common import (
     size,
     verdict,
 )
+from .gpu import speed_pointer
 
 #: ``benchmarks/head_step.py`` method (``_sparse`` removed) -> recipe head key
 STEP_TO_HEAD = {"full_softmax_head": "full", "one_vs_each": "ove"}
@@ -177,10 +178,7 @@ def section_speed(inputs: Inputs) -> list[str]:
         ]
     else:
         lines += not_measured("the sparse heads at N = 1e7", STEP_1E7)
-    if not any(r.get("device") == "cuda" for r in rows + (rows_1e7 or [])):
-        lines += not_measured(
-            "the same table on a GPU", "python -m benchmarks.head_step --device cuda"
-        )
+    lines += speed_pointer(inputs)
     lines += [
         speed_paragraph(rows, rows_1e7)
         + " Why: the sampled heads never form the [B, N] logits, and with `sparse_grad=True` "

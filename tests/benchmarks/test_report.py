@@ -34,14 +34,6 @@ def compare_row(head: str, epochs: int, ndcg: float, **extra) -> dict:
     return {"head": head, "epochs": epochs, "test/ndcg@10": ndcg, "test/recall@10": 0.5, **extra}
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> report.Inputs:
-    (tmp_path / "bench").mkdir()
-    (tmp_path / "recipes").mkdir()
-    out = tmp_path / "bench" / "REPORT.md"
-    return report.Inputs(tmp_path / "bench", tmp_path / "recipes", tmp_path / "RESULTS.md", out)
-
-
 def section(text: str, number: str) -> str:
     """The text of the report section whose heading starts with ``## <number>``."""
     match = re.search(rf"^## {re.escape(number)}.*?(?=^## |\Z)", text, re.M | re.S)
