@@ -14,12 +14,13 @@ protocol              members                                     used by
 :class:`ReportsCoverage` ``last_coverage`` (0-dim tensor or None)  ``SamplerDiagnostics``
 :class:`Schedulable`  ``schedulable`` (names of settable floats)  ``TemperatureSchedule``
 :class:`DiagnosticQueries` ``diagnostic_queries() -> [B, D]``     ``SamplerDiagnostics``
+:class:`SparseGradTable` ``sparse_grad``, ``weight`` ``[N, D]``      ``SparseGradSync``
 ====================  ==========================================  ==============================
 
 The heads implement them: every head is :class:`Schedulable` (``temperature``; TAPAS also
 ``selection_temperature``), every :class:`~lightning_sampled.heads.ProposalHead` is
-:class:`Refreshable` and :class:`HasProposal`, ``CaneHead`` :class:`ReportsCoverage`, and
-``MIDXSampler`` :class:`IndexStats`.
+:class:`Refreshable` and :class:`HasProposal`, ``CaneHead`` :class:`ReportsCoverage`, every head
+that owns a table :class:`SparseGradTable`, and ``MIDXSampler`` :class:`IndexStats`.
 """
 
 from __future__ import annotations
@@ -78,3 +79,12 @@ class DiagnosticQueries(Protocol):
     """A LightningModule that gives a fixed batch of queries ``[B, D]`` for diagnostics."""
 
     def diagnostic_queries(self) -> Tensor | dict[str, Tensor]: ...
+
+
+@runtime_checkable
+class SparseGradTable(Protocol):
+    """Owns a class table ``weight`` ``[N, D]`` whose gradient is row-sparse when
+    ``sparse_grad`` is true."""
+
+    sparse_grad: bool
+    weight: Tensor

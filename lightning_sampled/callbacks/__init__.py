@@ -1,10 +1,12 @@
-"""Callbacks: when indexes are rebuilt, temperatures annealed and diagnostics logged."""
+"""Callbacks: when indexes are rebuilt, temperatures annealed, diagnostics logged and sparse
+gradients reduced across ranks."""
 
 from .diagnostics import SamplerDiagnostics
 from .index_refresh import IndexRefresh
 from .rng import RNGCheckpoint
+from .sparse_grad_sync import SparseGradSync
 from .temperature import TemperatureSchedule
 
 __all__ = ["TemperatureSchedule"]
 __all__ += ["IndexRefresh", "SamplerDiagnostics"]
-__all__ += ["RNGCheckpoint"]
+__all__ += ["RNGCheckpoint", "SparseGradSync"]

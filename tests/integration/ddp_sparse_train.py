@@ -7,8 +7,10 @@ steps both, and ``configure_gradient_clipping`` clips with ``lightning_sampled.o
 ``clip_grad_norm_`` (``clip_override=False`` leaves Lightning's default, which cannot).
 
 Run as a script (Lightning's DDP launcher re-runs it once per extra rank):
-``python ddp_sparse_train.py OUT_DIR [DEVICES]``. Every rank writes its final weights to
-``OUT_DIR/rank{R}.pt`` and, on failure, the error to ``OUT_DIR/error{R}.txt``.
+``python ddp_sparse_train.py OUT_DIR [DEVICES] [sparse|dense]``: ``sparse`` (default) lets DDP
+reduce the table's gradient (gloo's sparse all-reduce), ``dense`` adds ``SparseGradSync`` (the
+table out of DDP, its gradient averaged by dense collectives, as on NCCL). Every rank writes its
+final weights to ``OUT_DIR/rank{R}.pt`` and, on failure, the error to ``OUT_DIR/error{R}.txt``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
+from lightning_sampled.callbacks import SparseGradSync  # noqa: E402
 from lightning_sampled.heads import SampledSoftmaxHead  # noqa: E402
 from lightning_sampled.optim import LazyAdam, clip_grad_norm_  # noqa: E402
 from lightning_sampled.samplers import UniformSampler  # noqa: E402
@@ -157,29 +160,42 @@ def make_trainer(max_epochs: int, devices: int = 1, **kwargs) -> L.Trainer:
     )
 
 
-def fit(devices: int, batch_size: int, max_epochs: int = 2) -> SparseToyModel:
+def fit(
+    devices: int, batch_size: int, max_epochs: int = 2, dense_collectives: bool = False
+) -> SparseToyModel:
     """Seeds, builds and fits the model with shared negatives drawn from a seed per batch on
-    ``copy_task()`` in order (``devices`` processes, ``batch_size`` rows each)."""
+    ``copy_task()`` in order (``devices`` processes, ``batch_size`` rows each), with
+    ``SparseGradSync`` where ``dense_collectives``."""
     L.seed_everything(0, verbose=False)
     model = SparseToyModel(shared_negatives=True, reseed_per_batch=True)
-    trainer = make_trainer(max_epochs, devices, use_distributed_sampler=False)
+    callbacks = [SparseGradSync()] if dense_collectives else []
+    trainer = make_trainer(max_epochs, devices, use_distributed_sampler=False, callbacks=callbacks)
     trainer.fit(model, InOrder(batch_size))
     return model
 
 
-def main(out_dir: str, devices: int) -> None:
+def main(out_dir: str, devices: int, reduction: str = "sparse") -> None:
     rank = int(os.environ.get("LOCAL_RANK", 0))
     try:
-        model = fit(devices, batch_size=32 // devices)
+        model = fit(devices, batch_size=32 // devices, dense_collectives=reduction == "dense")
     except Exception:
         with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as f:
             f.write(traceback.format_exc())
         raise
+    ignored = list(getattr(model, "_ddp_params_and_buffers_to_ignore", []))
     torch.save(
-        {"state_dict": model.state_dict(), "layouts": [str(x) for x in model.grad_layouts]},
+        {
+            "state_dict": model.state_dict(),
+            "layouts": [str(x) for x in model.grad_layouts],
+            "ignored_by_ddp": ignored,
+        },
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+    main(
+        sys.argv[1],
+        int(sys.argv[2]) if len(sys.argv) > 2 else 2,
+        sys.argv[3] if len(sys.argv) > 3 else "sparse",
+    )

@@ -98,10 +98,16 @@ def test_resume_at_an_epoch_boundary_equals_an_uninterrupted_run(tmp_path):
             torch.testing.assert_close(value, theirs[key][name], rtol=0, atol=1e-6)
 
 
-def test_two_process_ddp_with_sparse_grads_equals_one_process_on_the_whole_batch(tmp_path):
+@pytest.mark.parametrize("reduction", ["sparse", "dense"])
+def test_two_process_ddp_with_sparse_grads_equals_one_process_on_the_whole_batch(
+    tmp_path, reduction
+):
+    """``sparse``: DDP reduces the table's gradient (gloo's sparse all-reduce); ``dense``:
+    ``SparseGradSync`` keeps the table out of DDP and averages it by dense collectives (the path
+    that also runs on NCCL)."""
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
-        [sys.executable, str(HERE / "ddp_sparse_train.py"), str(tmp_path), "2"],
+        [sys.executable, str(HERE / "ddp_sparse_train.py"), str(tmp_path), "2", reduction],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -111,8 +117,10 @@ def test_two_process_ddp_with_sparse_grads_equals_one_process_on_the_whole_batch
     errors = "".join(p.read_text() for p in tmp_path.glob("error*.txt"))
     assert proc.returncode == 0, errors or proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
-    for rank in ranks:  # DDP reduced the table's gradient as a sparse tensor
+    for rank in ranks:  # the table's gradient was reduced as a sparse tensor
         assert rank["layouts"] == ["torch.sparse_coo"] * 2 * STEPS_PER_EPOCH
+        tied = ["embedding.weight", "head.weight"] if reduction == "dense" else []
+        assert rank["ignored_by_ddp"] == tied
     for name, value in ranks[0]["state_dict"].items():
         assert torch.equal(value, ranks[1]["state_dict"][name]), name
     L.seed_everything(0, verbose=False)
