@@ -391,6 +391,10 @@ class OutputHead(nn.Module):
         Returns:
             ``(values, indices)``: fp32 logits ``[..., k]`` and long class ids ``[..., k]`` in
             decreasing order. Fewer than ``k`` scorable classes leave ``-inf`` values at the end.
+
+        Raises:
+            ValueError: the class table or the bias holds NaN or inf (such a class would be
+                ranked first, or anywhere, for every query).
         """
         self._check_z(z)
         self._check_k(k)
@@ -404,9 +408,12 @@ class OutputHead(nn.Module):
             exclude = exclude.reshape(flat.shape[0], exclude.shape[-1])
             check_class_ids("exclude", exclude[exclude >= 0], self.num_classes)
             exclude = exclude.long()
+        table = self.class_table()
+        for name, x in (("class table", table), ("bias", self.bias)):
+            check_no_nan_rows(name, x)
         values, indices = chunked_topk(
             flat,
-            self.class_table(),
+            table,
             self.bias,
             k,
             self.chunk_for(flat.shape[0]),
@@ -492,6 +499,21 @@ class OutputHead(nn.Module):
             f"padding_idx={self.padding_idx}, ignore_index={self.ignore_index}, "
             f"temperature={self.temperature:g}, normalize={self.normalize}, "
             f"label_smoothing={self.label_smoothing:g}"
+        )
+
+
+def check_no_nan_rows(name: str, x: Tensor | None) -> None:
+    """``ValueError`` naming up to five classes whose row (or bias) in ``x`` ``[N, ...]`` holds NaN
+    or inf; reads the tensor back to the host (an evaluation-time check)."""
+    if x is None:
+        return
+    bad = ~torch.isfinite(x.detach()).reshape(x.shape[0], -1).all(dim=1)
+    if bool(bad.any()):
+        ids = bad.nonzero()[:5, 0].tolist()
+        raise ValueError(
+            f"the {name} holds NaN or inf values at classes {ids} ({int(bad.sum())} in all): "
+            f"topk would rank them first for every query; the training diverged or the table "
+            f"was loaded wrongly"
         )
 
 

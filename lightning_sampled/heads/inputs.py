@@ -143,12 +143,17 @@ def position_weights(
 
 
 def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
-    """``mean(losses)``, or ``sum(weights * losses) / sum(weights)``; ``losses`` and ``weights``
-    are ``[T]``. Where :func:`~lightning_sampled._validation.sync_free`, weights that are all 0
-    (every position ignored, see :func:`scored_positions` with ``static``) give 0, as eager CPU
-    heads do, not ``0 / 0``."""
+    """``mean(losses)``, or ``sum(weights * losses) / sum(weights)`` whatever the weights'
+    scale; ``losses`` and ``weights`` are ``[T]``. Where
+    :func:`~lightning_sampled._validation.sync_free`, weights that are all 0 (every position
+    ignored, see :func:`scored_positions` with ``static``) give 0, as eager CPU heads do, not
+    ``0 / 0``."""
     if weights is None:
         return losses.mean()
+    # divided by their largest first, so the mean is scale-invariant: weights of 1e38 would
+    # overflow the sums, weights of 1e-45 (fp32 denormals) lose their digits
+    largest = weights.amax()
+    weights = weights / torch.where(largest > 0, largest, 1.0)
     total = weights.sum()
     if sync_free(total):
         total = torch.where(total > 0, total, 1.0)

@@ -286,3 +286,18 @@ def test_exact_methods_take_queries_of_any_float_dtype_outside_autocast(head_cla
     assert values.dtype == torch.float32
     torch.testing.assert_close(values, want_values, **tight)
     torch.testing.assert_close(indices, want_indices)
+
+
+@pytest.mark.parametrize("where", ["table", "bias"])
+def test_topk_refuses_a_class_table_with_nan_or_inf_instead_of_ranking_it_first(where):
+    head = make_head(num_classes=50)
+    with torch.no_grad():
+        if where == "table":
+            head.weight[7, 2] = math.nan
+            head.weight[30] = math.inf
+        else:
+            head.bias[7] = math.nan
+            head.bias[30] = -math.inf
+    with pytest.raises(ValueError, match=rf"the {'class table' if where == 'table' else 'bias'} "
+                       r"holds NaN or inf values at classes \[7, 30\] \(2 in all\)"):  # fmt: skip
+        head.topk(torch.randn(3, 24), 5)

@@ -104,6 +104,22 @@ def test_unit_weights_change_nothing():
     torch.testing.assert_close(head(z, y, torch.ones(3, 4)), head(z, y))
 
 
+@pytest.mark.parametrize("scale", [1e38, 1e-45], ids=["huge", "denormal"])
+def test_the_loss_and_gradients_do_not_depend_on_the_weights_scale(scale):
+    """All weights 1e38 used to overflow the sums (NaN); all 1e-45 (fp32 denormals) gave 2.5
+    where the loss is 2.23."""
+    head = FullSoftmaxHead(N, D)
+    z, y, _ = batch()
+
+    def loss_and_grad(weights):
+        loss = head(z, y, weights)
+        return loss, torch.autograd.grad(loss, z)[0]
+
+    ones = torch.ones(y.shape)
+    for got, want in zip(loss_and_grad(ones * scale), loss_and_grad(ones), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_every_position_ignored_gives_zero():
     z, y, w = batch(6)
     y[:] = -100
