@@ -390,7 +390,10 @@ class OutputHead(nn.Module):
 
         Returns:
             ``(values, indices)``: fp32 logits ``[..., k]`` and long class ids ``[..., k]`` in
-            decreasing order. Fewer than ``k`` scorable classes leave ``-inf`` values at the end.
+            decreasing order. Fewer than ``k`` scorable classes (after ``exclude`` and
+            ``padding_idx``) leave ``-inf`` values and index ``-1`` at the end: no class at those
+            ranks, which the ranking metrics count as a miss (an excluded or padding id there
+            would count as a hit where it is the target).
 
         Raises:
             ValueError: the class table or the bias holds NaN or inf (such a class would be
@@ -421,6 +424,7 @@ class OutputHead(nn.Module):
             exclude,
             normalize=self.normalize,
         )
+        indices = indices.masked_fill(values == -math.inf, -1)
         return values.reshape(*z.shape[:-1], k), indices.reshape(*z.shape[:-1], k)
 
     @torch.no_grad()

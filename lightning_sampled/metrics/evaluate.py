@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any
 
@@ -148,9 +147,7 @@ def evaluate_ranking(
             z = z.to(device)
             if exclude is not None:
                 exclude = exclude.to(device)
-            values, indices = head.topk(z, max_k, exclude=exclude)
-            # fewer than max_k scorable classes leave -inf at the end: no class at those ranks
-            indices = indices.masked_fill(values == -math.inf, -1)
+            _, indices = head.topk(z, max_k, exclude=exclude)  # -1: no class at that rank
             target = target.to(device)
             for metric in results.values():
                 metric.update(indices, target)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_sampled.heads import FullSoftmaxHead, OneVsEachHead, SampledSoftmaxHead
+from lightning_sampled.metrics import NDCG
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -301,3 +302,19 @@ def test_topk_refuses_a_class_table_with_nan_or_inf_instead_of_ranking_it_first(
     with pytest.raises(ValueError, match=rf"the {'class table' if where == 'table' else 'bias'} "
                        r"holds NaN or inf values at classes \[7, 30\] \(2 in all\)"):  # fmt: skip
         head.topk(torch.randn(3, 24), 5)
+
+
+def test_topk_beyond_the_classes_left_gives_minus_one_which_no_metric_counts_as_a_hit():
+    """k greater than the classes left after exclude / padding_idx: those ranks hold -1 (with
+    -inf), not an excluded or padding id that a user's NDCG would count as a hit."""
+    head = make_head(num_classes=6, padding_idx=0)
+    z = torch.randn(2, 24)
+    exclude = torch.tensor([[1, 2], [3, -1]])
+    values, indices = head.topk(z, 6, exclude=exclude)
+    assert (indices[0, 3:] == -1).all() and (indices[1, 4:] == -1).all()
+    assert torch.isinf(values[indices == -1]).all() and (indices[indices >= 0] > 0).all()
+    for row, excluded in enumerate(([0, 1, 2], [0, 3])):
+        assert not set(indices[row].tolist()) & set(excluded)
+    ndcg = NDCG(k=6)
+    ndcg.update(indices, torch.tensor([1, 0]))  # excluded, and the padding class
+    assert float(ndcg.compute()) == 0.0
