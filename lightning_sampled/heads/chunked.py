@@ -153,6 +153,28 @@ def unit_rows_vjp(rows: Tensor, grad_unit: Tensor) -> Tensor:
     return grad
 
 
+def smoothing_share(label_smoothing: float, num_classes: int, padding_idx: int | None) -> float:
+    """``eps / N'``: label smoothing's share of each of the ``N'`` classes other than
+    ``padding_idx``."""
+    return label_smoothing / (num_classes - (padding_idx is not None))
+
+
+def smoothed_cross_entropy(
+    lse: Tensor,
+    target_logit: Tensor,
+    logit_sum: Tensor | None,
+    label_smoothing: float,
+    num_classes: int,
+    padding_idx: int | None,
+) -> Tensor:
+    """Per-row loss ``lse - (1 - eps) o_y - (eps / N') sum_{c != padding_idx} o_c`` (``[T]``)
+    from its three per-row parts; ``logit_sum`` is read only when ``eps > 0``."""
+    loss = lse - (1.0 - label_smoothing) * target_logit
+    if label_smoothing:
+        loss = loss - smoothing_share(label_smoothing, num_classes, padding_idx) * logit_sum
+    return loss
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Per-row exact cross-entropy of ``softmax(z W^T + b)`` in class chunks.
 
@@ -192,11 +214,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(z, weight, bias, target, lse)
         ctx.chunk_size, ctx.padding_idx, ctx.dtype = chunk_size, padding_idx, dtype
         ctx.normalize, ctx.label_smoothing = normalize, label_smoothing
-        loss = lse - (1.0 - label_smoothing) * target_logit
-        if label_smoothing:
-            num_scored = num_classes - (padding_idx is not None)
-            loss = loss - (label_smoothing / num_scored) * logit_sum
-        return loss
+        return smoothed_cross_entropy(
+            lse, target_logit, logit_sum, label_smoothing, num_classes, padding_idx
+        )
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -215,7 +235,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, **f32) if need_w else None
         grad_b = torch.zeros(weight.shape[0], **f32) if need_b else None
         workspace = new_workspace(z, weight.shape[0], ctx.chunk_size)
-        smoothing = eps / (weight.shape[0] - (ctx.padding_idx is not None))
+        smoothing = smoothing_share(eps, weight.shape[0], ctx.padding_idx)
         with torch.autocast(z.device.type, enabled=False):
             for start, end in class_chunks(weight.shape[0], ctx.chunk_size):
                 logits = chunk_logits(

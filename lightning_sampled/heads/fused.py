@@ -16,7 +16,14 @@ import torch
 from torch import Tensor
 
 from ..kernels.linear_cross_entropy import lse_partials_triton, softmax_grad_triton
-from .chunked import class_chunks, compute_dtype, unit_rows, unit_rows_vjp
+from .chunked import (
+    class_chunks,
+    compute_dtype,
+    smoothed_cross_entropy,
+    smoothing_share,
+    unit_rows,
+    unit_rows_vjp,
+)
 
 #: elements of one block of logit gradients (32 MiB in bf16)
 FUSED_BLOCK_ELEMENTS = 2**24
@@ -57,11 +64,9 @@ class FusedCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(z, weight, bias, target, lse, scale)
         ctx.chunk_size, ctx.padding_idx, ctx.dtype = chunk_size, padding_idx, dtype
         ctx.label_smoothing = label_smoothing
-        loss = lse - (1.0 - label_smoothing) * target_logit
-        if label_smoothing:
-            num_scored = weight.shape[0] - (padding_idx is not None)
-            loss = loss - (label_smoothing / num_scored) * logit_sum
-        return loss
+        return smoothed_cross_entropy(
+            lse, target_logit, logit_sum, label_smoothing, weight.shape[0], padding_idx
+        )
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -69,7 +74,7 @@ class FusedCrossEntropy(torch.autograd.Function):
         need_z, need_w, need_b = ctx.needs_input_grad[:3]
         dtype, eps, padding_idx = ctx.dtype, ctx.label_smoothing, ctx.padding_idx
         num_rows, num_classes = z.shape[0], weight.shape[0]
-        smoothing = eps / (num_classes - (padding_idx is not None))
+        smoothing = smoothing_share(eps, num_classes, padding_idx)
         z_c = z.to(dtype)
         grad_z = torch.zeros(z.shape, device=z.device, dtype=torch.float32) if need_z else None
         grad_w = torch.empty_like(weight) if need_w else None
