@@ -15,12 +15,16 @@ protocol              members                                     used by
 :class:`Schedulable`  ``schedulable`` (names of settable floats)  ``TemperatureSchedule``
 :class:`DiagnosticQueries` ``diagnostic_queries() -> [B, D]``     ``SamplerDiagnostics``
 :class:`SparseGradTable` ``sparse_grad``, ``weight`` ``[N, D]``      ``SparseGradSync``
+:class:`ShardedTable` ``sharded``, ``is_split``, ``shard()``,      ``ShardedTables``,
+                      ``shard_ids``, ``whole_table()``, ...       ``IndexRefresh``,
+                                                                  ``SparseGradSync``
 ====================  ==========================================  ==============================
 
 The heads implement them: every head is :class:`Schedulable` (``temperature``; TAPAS also
 ``selection_temperature``), every :class:`~lightning_sampled.heads.ProposalHead` is
 :class:`Refreshable` and :class:`HasProposal`, ``CaneHead`` :class:`ReportsCoverage`, every head
-that owns a table :class:`SparseGradTable`, and ``MIDXSampler`` :class:`IndexStats`.
+that owns a table :class:`SparseGradTable` and :class:`ShardedTable`, and ``MIDXSampler``
+:class:`IndexStats`.
 """
 
 from __future__ import annotations
@@ -88,3 +92,29 @@ class SparseGradTable(Protocol):
 
     sparse_grad: bool
     weight: Tensor
+
+
+@runtime_checkable
+class ShardedTable(Protocol):
+    """Owns a class table ``weight`` (and ``bias``) of ``num_classes`` rows that may be split
+    across the ranks of ``process_group``: ``sharded`` (asked for at construction), ``is_split``
+    (this rank holds only the rows ``shard_ids``, placed by ``shard_map``, and any index built
+    from them is its own), ``shard()`` (splits it, once ``torch.distributed`` is up) and
+    ``whole_table()`` (the gathered ``{"weight", "bias"}``)."""
+
+    sharded: bool
+    num_classes: int
+    weight: Tensor
+    bias: Tensor | None
+    shard_map: object
+    process_group: object
+
+    @property
+    def is_split(self) -> bool: ...
+
+    @property
+    def shard_ids(self) -> Tensor: ...
+
+    def shard(self) -> None: ...
+
+    def whole_table(self) -> dict[str, Tensor]: ...

@@ -18,7 +18,8 @@ Under DDP, rank 0 builds and broadcasts the index state (every buffer of the ref
 the parameters of its samplers, such as MIDX-Learn's codewords) so that every rank samples from the
 same index. Tip: with millions of classes, pass ``DDPStrategy(broadcast_buffers=False)``: DDP would
 otherwise re-broadcast the index buffers at every forward pass, and this callback already keeps
-them identical.
+them identical. A head whose table is split across the ranks (``sharded=True``) is the exception:
+every rank builds the index of its own rows, without gathering the table or broadcasting.
 
 The callback's state (when it last refreshed) is checkpointed, and the index buffers are in the
 model's checkpoint, so a resumed run samples from the same index and refreshes on the same schedule
@@ -37,7 +38,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from ..protocols import IndexStats, Refreshable
+from ..protocols import IndexStats, Refreshable, ShardedTable
 from ..samplers import Sampler
 
 
@@ -133,9 +134,10 @@ class IndexRefresh(Callback):
             rank_zero_warn("IndexRefresh found no submodule with a refresh_index() method")
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         for _, module in targets:
-            if not distributed or dist.get_rank() == 0:
+            own_rows = isinstance(module, ShardedTable) and module.is_split
+            if not distributed or own_rows or dist.get_rank() == 0:
                 module.refresh_index()
-            if distributed:
+            if distributed and not own_rows:
                 broadcast_index_state(module, src=0)
         self.num_refreshes += 1
         stats = {

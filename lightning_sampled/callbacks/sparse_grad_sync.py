@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..optim.sparse_all_reduce import all_reduce_row_sparse
-from ..protocols import SparseGradTable
+from ..protocols import ShardedTable, SparseGradTable
 
 
 class SparseGradSync(pl.Callback):
@@ -26,7 +26,8 @@ class SparseGradSync(pl.Callback):
 
     The tables are the ``weight`` of every :class:`~lightning_sampled.protocols.SparseGradTable`
     whose ``sparse_grad`` is on (every head that owns a table) and of every
-    ``nn.Embedding(sparse=True)``; a table tied to both counts once. Outside
+    ``nn.Embedding(sparse=True)``; a table tied to both counts once; the heads built with
+    ``sharded=True`` are left to :class:`ShardedTables` (their rows are not replicated). Outside
     ``torch.distributed`` (one process) the callback does nothing.
 
     Args:
@@ -61,10 +62,12 @@ class SparseGradSync(pl.Callback):
 
 def sparse_tables(module: nn.Module) -> list[nn.Parameter]:
     """The distinct row-sparse tables of ``module``, in the order of ``named_modules``: the
-    ``weight`` of every :class:`SparseGradTable` with ``sparse_grad`` on and of every
-    ``nn.Embedding(sparse=True)``."""
+    ``weight`` of every :class:`SparseGradTable` with ``sparse_grad`` on (but not sharded) and of
+    every ``nn.Embedding(sparse=True)``."""
     tables: list[nn.Parameter] = []
     for child in module.modules():
+        if isinstance(child, ShardedTable) and child.sharded:
+            continue
         sparse_head = isinstance(child, SparseGradTable) and child.sparse_grad
         sparse_lookup = isinstance(child, nn.Embedding) and child.sparse
         if (sparse_head or sparse_lookup) and not any(child.weight is t for t in tables):

@@ -19,6 +19,13 @@ from .._validation import (
 )
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
 from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
+from ..sharding import ShardMap, whole_rows
+from ..sharding.collectives import (
+    all_reduce_sum,
+    check_same_on_every_rank,
+    is_distributed,
+    world_and_rank,
+)
 from .chunked import (
     chunk_logits,
     chunked_nll,
@@ -32,6 +39,7 @@ from .chunked import (
     widened,
 )
 from .inputs import check_k, check_queries, position_weights, scored_positions, weighted_mean
+from .sharded import sharded_embed, sharded_nll, sharded_topk
 
 
 class OutputHead(nn.Module):
@@ -87,12 +95,23 @@ class OutputHead(nn.Module):
         normalize: score the cosine of the query and the class vector (both L2-normalised).
         label_smoothing: in ``[0, 1)``; only heads whose objective is the full softmax
             (:class:`~lightning_sampled.heads.FullSoftmaxHead`) accept a value other than 0.
+        sharded: split the class table (and bias) across the ranks of ``process_group``
+            (:mod:`lightning_sampled.heads.sharded`): now when ``torch.distributed`` is
+            initialised with several ranks (at the end of the head's ``__init__``, which builds
+            only this rank's rows), else at :meth:`shard` (which the
+            :class:`~lightning_sampled.callbacks.ShardedTables` callback calls at setup); in one
+            process the head holds every row. Only heads whose :attr:`shardable` is true
+            accept it; a sharded head owns its table (``weight`` must be ``None``; tied inputs
+            read it through :meth:`embed`).
+        process_group: the group a sharded table is split over (default: the world).
     """
 
     #: whether the training objective implements ``label_smoothing`` (only the full softmax does)
     supports_label_smoothing: bool = False
     #: the attributes that a callback may set during training (``TemperatureSchedule``)
     schedulable: ClassVar[tuple[str, ...]] = ("temperature",)
+    #: why the head's objective cannot run over a sharded table, or ``None`` where it can
+    sharding_refusal: ClassVar[str | None] = "its training objective has no sharded form"
 
     def __init__(
         self,
@@ -107,6 +126,8 @@ class OutputHead(nn.Module):
         temperature: float = 1.0,
         normalize: bool = False,
         label_smoothing: float = 0.0,
+        sharded: bool = False,
+        process_group=None,
     ) -> None:
         super().__init__()
         self.num_classes = check_positive_int("num_classes", num_classes)
@@ -121,9 +142,25 @@ class OutputHead(nn.Module):
         self.chunk_size = (
             None if chunk_size is None else check_positive_int("chunk_size", chunk_size)
         )
+        if not isinstance(sharded, bool):
+            raise ValueError(f"sharded must be a bool, got {sharded!r}")
+        if sharded and self.sharding_refusal is not None:
+            raise ValueError(
+                f"{type(self).__name__} cannot be sharded: {self.sharding_refusal}; use "
+                f"FullSoftmaxHead or SampledSoftmaxHead with sharded=True"
+            )
+        if sharded and weight is not None:
+            raise ValueError(
+                "sharded=True needs weight=None: a sharded head owns its table, which each rank "
+                "holds only part of; look the inputs up with head.embed(ids) instead of tying "
+                "an nn.Embedding"
+            )
+        self.sharded = sharded
+        self.process_group = process_group
+        #: which rank holds which rows; ``None`` while the head holds every row
+        self.shard_map: ShardMap | None = None
         if weight is None:
-            weight = nn.Parameter(torch.empty(num_classes, dim))
-            nn.init.uniform_(weight, -1.0 / math.sqrt(dim), 1.0 / math.sqrt(dim))
+            weight = new_table(num_classes, dim, sharded, process_group)
         elif not isinstance(weight, nn.Parameter):
             raise ValueError(
                 f"weight must be an nn.Parameter to tie to, got {type(weight).__name__}"
@@ -134,6 +171,9 @@ class OutputHead(nn.Module):
             )
         self.weight = weight
         self.bias = make_bias(bias, num_classes)
+        if sharded:  # (N, W, r): N classes split over W ranks, this head holding rank r's rows
+            self.register_buffer("shard_layout", torch.tensor([num_classes, 1, 0]))
+            self.register_load_state_dict_pre_hook(load_shard)
         self.temperature = temperature
         if not isinstance(normalize, bool):
             raise ValueError(f"normalize must be a bool, got {normalize!r}")
@@ -176,6 +216,95 @@ class OutputHead(nn.Module):
             require_sparse_capable_optimizer(self.weight, owner)
             warn_if_dense(self.weight, owner)
         self._sparse_grad = value
+
+    # -- sharding ---------------------------------------------------------------------------------
+
+    @property
+    def is_split(self) -> bool:
+        """Whether this rank holds only part of the table (``sharded=True`` over several ranks)."""
+        return self.shard_map is not None
+
+    @property
+    def shard_ids(self) -> Tensor:
+        """long ``[N_r]``: the global class ids of the rows this rank holds, in the order of
+        ``weight``'s rows (every id, ``arange(N)``, while the head holds the whole table)."""
+        if self.shard_map is None:
+            return torch.arange(self.num_classes, device=self.weight.device)
+        return self.shard_map.shard_ids(self.weight.device)
+
+    def shard(self) -> None:
+        """Splits the table across the ranks of ``process_group`` now, keeping this rank's rows
+        (a no-op in one process or once split): what
+        :class:`~lightning_sampled.callbacks.ShardedTables` calls at setup, after Lightning has
+        started the process group and before the optimizer sees the parameters. A collective.
+
+        Raises:
+            ValueError: the head was built with ``sharded=False``; the ranks disagree on the
+                head (its type, ``num_classes``, ``dim`` or ``padding_idx``): on every rank.
+        """
+        if not self.sharded:
+            raise ValueError(f"{type(self).__name__} was built with sharded=False")
+        if self.shard_map is None and is_distributed(self.process_group):
+            self._split()
+
+    def _split(self) -> None:
+        """Keeps this rank's rows of the table (unless ``weight`` holds only them already, as
+        when the head was built under ``torch.distributed``) and of the bias, and divides their
+        gradients by the group's size."""
+        check_same_on_every_rank(
+            {
+                "head": type(self).__name__,
+                "num_classes": self.num_classes,
+                "dim": self.dim,
+                "padding_idx": self.padding_idx,
+            },
+            "the sharded head",
+            self.process_group,
+        )
+        world, rank = world_and_rank(self.process_group)
+        shard_map = ShardMap(self.num_classes, world, rank)
+        ids = shard_map.shard_ids(self.weight.device)
+        if self.weight.shape[0] == self.num_classes:
+            self.weight = rows_of(self.weight, ids)
+        if self.bias is not None:
+            self.bias = rows_of(self.bias, ids)
+        for param in (self.weight, self.bias):
+            if param is not None:
+                param.register_hook(MeanOverRanks(world))
+        self.shard_map = shard_map
+        self.shard_layout.copy_(torch.tensor([self.num_classes, world, rank]))
+        self._after_split()
+
+    def whole_table(self) -> dict[str, Tensor]:
+        """``{"weight": [N, D], "bias": [N]}`` (no ``"bias"`` without one): the whole table, in
+        class order, on every rank (an ``O(N D)`` all-gather where it is split, a collective;
+        the head's own tensors where it is not). For checkpoints that load at any world size
+        and for a one-file export of the table for serving."""
+        tables = {"weight": self.weight.detach(), "bias": self.bias}
+        return {
+            name: whole_rows(x.detach(), self.shard_map, self.process_group)
+            if self.is_split
+            else x.detach()
+            for name, x in tables.items()
+            if x is not None
+        }
+
+    def _after_split(self) -> None:
+        """Called once the table is split: subclasses split what else they hold per class."""
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """The class table's rows of ``ids`` (any shape): ``[*ids.shape, D]``, as an input
+        embedding tied to the table reads them (e.g. SASRec's item embedding); row-sparse
+        gradients with :attr:`sparse_grad`. On a split table the rows are looked up where they
+        live (:func:`~lightning_sampled.heads.sharded.sharded_embed`, a collective) and the
+        padding class gives zeros."""
+        check_class_ids("ids", ids[ids >= 0] if self.padding_idx is None else ids, self.num_classes)
+        if self.is_split:
+            return sharded_embed(self, ids)
+        rows = F.embedding(ids, self.weight, sparse=self.sparse_grad)
+        if self.padding_idx is not None:
+            rows = rows * (ids != self.padding_idx)[..., None].to(rows.dtype)
+        return rows
 
     # -- input handling -------------------------------------------------------------------------
 
@@ -308,7 +437,12 @@ class OutputHead(nn.Module):
         """Exact fp32 logits ``[..., N]`` of queries ``z`` ``[..., D]`` (padding class ``-inf``).
 
         Materialises ``[..., N]``: prefer :meth:`topk` or :meth:`log_prob` at large ``N``.
+
+        Raises:
+            ValueError: the table is split across ranks (the logits of every class would
+                gather ``O(N)`` numbers per query on each rank).
         """
+        self.refuse_split("logits", "use log_prob, full_loss or topk, which stay exact")
         self._check_z(z)
         flat = self.score_queries(z.reshape(-1, self.dim))
         dtype = compute_dtype(flat)
@@ -335,7 +469,7 @@ class OutputHead(nn.Module):
         """
         queries, y, mask = self._valid_rows(z, target)
         out = torch.zeros(target.shape, device=z.device, dtype=torch.float32)
-        if y.numel():
+        if y.numel() or self.is_split:
             out = out.masked_scatter(mask, -self._exact_losses(queries, y))
         return out
 
@@ -353,6 +487,8 @@ class OutputHead(nn.Module):
     ) -> Tensor:
         """Exact per-row cross-entropy ``[T]`` (fp32) of scored queries ``[T, D]`` and targets
         ``[T]``, label-smoothed over the classes other than ``padding_idx`` when asked."""
+        if self.is_split:
+            return sharded_nll(self, queries, target, label_smoothing)
         return chunked_nll(
             queries,
             self.class_table(),
@@ -374,9 +510,9 @@ class OutputHead(nn.Module):
         """The (weighted) mean of :meth:`_exact_losses` over the scored positions; a scalar."""
         queries, y, mask = self._valid_rows(z, target, static=True)
         weights = self._valid_weights(sample_weight, target, mask, static=True)
-        if y.numel() == 0:
+        if y.numel() == 0 and not self.is_split:
             return z.sum() * 0.0
-        return weighted_mean(self._exact_losses(queries, y, label_smoothing), weights)
+        return mean_or_zero(self._exact_losses(queries, y, label_smoothing), weights, z)
 
     @torch.no_grad()
     def topk(self, z: Tensor, k: int, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -413,17 +549,20 @@ class OutputHead(nn.Module):
             exclude = exclude.long()
         table = self.class_table()
         for name, x in (("class table", table), ("bias", self.bias)):
-            check_no_nan_rows(name, x)
-        values, indices = chunked_topk(
-            flat,
-            table,
-            self.bias,
-            k,
-            self.chunk_for(flat.shape[0]),
-            self.padding_idx,
-            exclude,
-            normalize=self.normalize,
-        )
+            check_no_nan_rows(name, x, self.shard_map, self.process_group)
+        if self.is_split:
+            values, indices = sharded_topk(self, flat, k, exclude)
+        else:
+            values, indices = chunked_topk(
+                flat,
+                table,
+                self.bias,
+                k,
+                self.chunk_for(flat.shape[0]),
+                self.padding_idx,
+                exclude,
+                normalize=self.normalize,
+            )
         indices = indices.masked_fill(values == -math.inf, -1)
         return values.reshape(*z.shape[:-1], k), indices.reshape(*z.shape[:-1], k)
 
@@ -464,6 +603,7 @@ class OutputHead(nn.Module):
             ``AdaptiveResult(indices [..., k], probs [..., k], log_partition [...],
             samples_used [...])``.
         """
+        self.refuse_split("adaptive_topk", "use topk, which merges each rank's exact top-k")
         self._check_z(z)
         self._check_k(k)
         if self.normalize:
@@ -497,28 +637,115 @@ class OutputHead(nn.Module):
             result.samples_used.reshape(batch),
         )
 
+    def refuse_split(self, method: str, instead: str) -> None:
+        """``ValueError`` naming ``method`` and what to use ``instead`` when the table is split."""
+        if self.is_split:
+            raise ValueError(
+                f"{type(self).__name__}.{method} is not available on a table split across "
+                f"{self.shard_map.world_size} ranks: {instead}"
+            )
+
     def extra_repr(self) -> str:
+        shards = "" if self.shard_map is None else f", shards={self.shard_map.world_size}"
         return (
             f"num_classes={self.num_classes}, dim={self.dim}, bias={self.bias is not None}, "
             f"padding_idx={self.padding_idx}, ignore_index={self.ignore_index}, "
             f"temperature={self.temperature:g}, normalize={self.normalize}, "
-            f"label_smoothing={self.label_smoothing:g}"
+            f"label_smoothing={self.label_smoothing:g}{shards}"
         )
 
 
-def check_no_nan_rows(name: str, x: Tensor | None) -> None:
+def check_no_nan_rows(
+    name: str, x: Tensor | None, shard_map: ShardMap | None = None, group=None
+) -> None:
     """``ValueError`` naming up to five classes whose row (or bias) in ``x`` ``[N, ...]`` holds NaN
-    or inf; reads the tensor back to the host (an evaluation-time check)."""
+    or inf; reads the tensor back to the host (an evaluation-time check). With ``shard_map``
+    ``x`` holds this rank's rows of a split table: the count is summed over the ranks (a
+    collective) so that every rank raises, each naming its own bad classes."""
     if x is None:
         return
     bad = ~torch.isfinite(x.detach()).reshape(x.shape[0], -1).all(dim=1)
-    if bool(bad.any()):
-        ids = bad.nonzero()[:5, 0].tolist()
+    count = bad.sum()
+    if shard_map is not None:
+        count = all_reduce_sum(count.reshape(1), group)
+    if bool(count > 0):
+        ids = bad.nonzero()[:5, 0]
+        ids = (ids if shard_map is None else shard_map.global_ids(ids)).tolist()
         raise ValueError(
-            f"the {name} holds NaN or inf values at classes {ids} ({int(bad.sum())} in all): "
+            f"the {name} holds NaN or inf values at classes {ids} ({int(count)} in all): "
             f"topk would rank them first for every query; the training diverged or the table "
             f"was loaded wrongly"
         )
+
+
+def load_shard(head: OutputHead, state_dict: dict, prefix: str, *_) -> None:
+    """Load pre-hook of a sharded head: a checkpoint of the whole table (an unsharded head's, one
+    saved in one process, or one that :class:`~lightning_sampled.callbacks.ShardedTables` wrote)
+    is cut to this rank's rows, the rest of the head's state (its proposal, restricted to the
+    rows) kept as the split made it; a checkpoint of another split raises. A head's state left
+    out of the checkpoint (its proposal's index, which ``ShardedTables`` does not save) is kept
+    as it is."""
+    key = prefix + "shard_layout"
+    whole = (head.num_classes, 1, 0)
+    saved = tuple(state_dict[key].tolist()) if key in state_dict else whole
+    own = tuple(head.shard_layout.tolist())
+    if saved not in (own, whole):
+        raise ValueError(
+            f"the checkpoint holds the rows of rank {saved[2]} of a table of {saved[0]} classes "
+            f"split over {saved[1]} ranks, and this head holds those of rank {own[2]} of "
+            f"{own[1]} over {own[0]} classes: load it with the world size it was saved with, or "
+            f"save the whole table for another world size"
+        )
+    cut = saved != own  # a whole table into a split head
+    if cut:
+        for name in ("weight", "bias"):
+            if state_dict.get(prefix + name) is not None:
+                state_dict[prefix + name] = state_dict[prefix + name][head.shard_ids.cpu()]
+    # the rest (the proposal, restricted to a split head's rows) follows from the split: kept
+    # as it is where the checkpoint leaves it out (ShardedTables does) or holds another split's
+    for name, value in head.state_dict().items():
+        if name not in ("weight", "bias") and (cut or prefix + name not in state_dict):
+            state_dict[prefix + name] = value
+
+
+def mean_or_zero(losses: Tensor, weights: Tensor | None, z: Tensor) -> Tensor:
+    """:func:`~lightning_sampled.heads.inputs.weighted_mean` of per-position ``losses`` ``[T]``,
+    or ``0`` attached to the graph of ``losses`` and ``z`` where ``T = 0`` (a rank of a split
+    table whose batch has no scored position still takes part in the collectives)."""
+    if losses.numel() == 0:
+        return losses.sum() + z.sum() * 0.0
+    return weighted_mean(losses, weights)
+
+
+class MeanOverRanks:
+    """A gradient hook on the rows of a split table: divides by the group's size ``W``, so that
+    the sum over ranks of their losses' gradients becomes the mean DDP gives replicated
+    parameters."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+
+    def __call__(self, grad: Tensor) -> Tensor:
+        return grad / self.world_size
+
+
+def new_table(num_classes: int, dim: int, sharded: bool, group) -> nn.Parameter:
+    """A new class table ``U(-1 / sqrt(D), 1 / sqrt(D))``: ``[N, D]``, or only this rank's
+    ``[N_r, D]`` rows when ``sharded`` under ``torch.distributed``, drawn from a generator
+    seeded by torch's global one (alike on every rank) plus the rank, so that the ranks' rows
+    differ and a run stays repeatable."""
+    bound = 1.0 / math.sqrt(dim)
+    if not (sharded and is_distributed(group)):
+        return nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound))
+    world, rank = world_and_rank(group)
+    rows = ShardMap(num_classes, world, rank).num_local()
+    generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())) + rank)
+    return nn.Parameter(torch.empty(rows, dim).uniform_(-bound, bound, generator=generator))
+
+
+def rows_of(param: nn.Parameter, ids: Tensor) -> nn.Parameter:
+    """A new parameter holding the rows ``ids`` of ``param``, ``requires_grad`` kept."""
+    return nn.Parameter(param.detach()[ids].clone(), requires_grad=param.requires_grad)
 
 
 def make_bias(bias: bool | nn.Parameter, num_classes: int) -> nn.Parameter | None:

@@ -187,6 +187,10 @@ class CaneHead(ProposalHead):
             ``FutureWarning``: ``noise_sampler`` (``sampler``).
     """
 
+    sharding_refusal = (
+        "its candidates come from a beam search down a class tree that spans every rank's rows"
+    )
+
     # The coverage counts the scored positions: no stand-in positions under torch.compile.
     positions_apart = False
     noise_sampler = renamed_attribute("noise_sampler", "sampler")

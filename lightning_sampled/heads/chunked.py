@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..sharding.collectives import RankReduction
+
 
 def class_chunks(num_classes: int, chunk_size: int) -> Iterator[tuple[int, int]]:
     """Yields ``(start, end)`` bounds that cover ``[0, num_classes)`` in steps of ``chunk_size``."""
@@ -184,14 +186,27 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     ``lse - o_y``). With ``normalize`` the class vectors are :func:`unit_rows`, chunk by chunk.
 
     Forward inputs: ``z`` ``[T, D]``, ``weight`` ``[N, D]``, ``bias`` ``[N]`` or ``None``,
-    ``target`` long ``[T]``, ``chunk_size``, ``padding_idx``, ``normalize``, ``label_smoothing``.
-    Output: fp32 ``[T]``.
+    ``target`` long ``[T]``, ``chunk_size``, ``padding_idx``, ``normalize``, ``label_smoothing``,
+    ``shards``. Output: fp32 ``[T]``.
+
+    With ``shards`` (a :class:`~lightning_sampled.sharding.collectives.RankReduction`) ``weight``
+    and ``bias`` are this rank's rows of a table of ``shards.num_classes`` classes, ``z`` the
+    queries of every rank (the same on each), ``target`` the local row of each target or ``-1``
+    where another rank holds it, and ``padding_idx`` local: each rank sums over its own rows and
+    the per-row sums are combined over the ranks, so every rank returns the same losses. In
+    backward the incoming gradient is summed over the ranks first (each rank's loss reads its own
+    rows of the output), the local rows get their exact gradient, and ``z`` a partial one that
+    the gather of the queries sums over the ranks.
     """
 
     @staticmethod
-    def forward(ctx, z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing):
+    def forward(
+        ctx, z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing, shards
+    ):
         dtype = compute_dtype(z)
         num_rows, num_classes = z.shape[0], weight.shape[0]
+        # the whole table's classes and padding class, which label smoothing spreads over
+        whole = (num_classes, padding_idx) if shards is None else shards.whole_table
         rows = torch.arange(num_rows, device=z.device)
         workspace = new_workspace(z, num_classes, chunk_size)
         chunk_lse = []
@@ -211,31 +226,37 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 chunk_sum = exp_shifted_(logits, row_max).sum(dim=1)
                 chunk_lse.append(row_max + chunk_sum.log())
             lse = torch.logsumexp(torch.stack(chunk_lse, dim=1), dim=1)
+            if shards is not None:
+                lse = shards.logsumexp(lse)
+                shards.sum_(target_logit)
+                if label_smoothing:
+                    shards.sum_(logit_sum)
         ctx.save_for_backward(z, weight, bias, target, lse)
         ctx.chunk_size, ctx.padding_idx, ctx.dtype = chunk_size, padding_idx, dtype
-        ctx.normalize, ctx.label_smoothing = normalize, label_smoothing
-        return smoothed_cross_entropy(
-            lse, target_logit, logit_sum, label_smoothing, num_classes, padding_idx
-        )
+        ctx.normalize, ctx.label_smoothing, ctx.shards = normalize, label_smoothing, shards
+        ctx.whole = whole
+        return smoothed_cross_entropy(lse, target_logit, logit_sum, label_smoothing, *whole)
 
     @staticmethod
     def backward(ctx, grad_out):
         z, weight, bias, target, lse = ctx.saved_tensors
         need_z, need_w, need_b = ctx.needs_input_grad[:3]
-        dtype, normalize, eps = ctx.dtype, ctx.normalize, ctx.label_smoothing
+        dtype, normalize, eps, shards = ctx.dtype, ctx.normalize, ctx.label_smoothing, ctx.shards
         # d loss_t / d logit_tc = g_t * (softmax_tc - (1 - eps) [c == y_t] - eps / N' [c != pad]).
         # The per-row factor g_t is folded into z (for the class gradient) and applied once at
         # the end (for dz), and the target term is added once outside the loop, so each chunk
         # costs two matmuls and a few in-place passes over its [T, C] probabilities. With
         # normalize, the class gradient is first taken with respect to the unit rows.
         g = grad_out.float()
+        if shards is not None:
+            g = shards.sum_(g.clone())
         zg = (z.float() * g[:, None]).to(dtype)
         f32 = dict(device=z.device, dtype=torch.float32)
         grad_z = torch.zeros(z.shape, **f32) if need_z else None
         grad_w = torch.zeros(weight.shape, **f32) if need_w else None
         grad_b = torch.zeros(weight.shape[0], **f32) if need_b else None
         workspace = new_workspace(z, weight.shape[0], ctx.chunk_size)
-        smoothing = smoothing_share(eps, weight.shape[0], ctx.padding_idx)
+        smoothing = smoothing_share(eps, *ctx.whole)
         with torch.autocast(z.device.type, enabled=False):
             for start, end in class_chunks(weight.shape[0], ctx.chunk_size):
                 logits = chunk_logits(
@@ -267,15 +288,22 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 elif need_w:
                     grad_w[start:end] = (probs.T @ zg).float()
             hit = 1.0 - eps
+            # the target term, of the rows whose target is in this table (all, unless sharded)
+            owned = None if shards is None else (target >= 0).nonzero()[:, 0]
+            ids = target if owned is None else target[owned]
             if need_z:
-                target_rows = scored_rows(weight[target], normalize).float()
-                grad_z.sub_(target_rows, alpha=hit).mul_(g[:, None])
+                target_rows = scored_rows(weight[ids], normalize).float()
+                if owned is None:
+                    grad_z.sub_(target_rows, alpha=hit)
+                else:
+                    grad_z.index_add_(0, owned, target_rows, alpha=-hit)
+                grad_z.mul_(g[:, None])
             if need_w:
-                grad_w.index_add_(0, target, zg.float(), alpha=-hit)
+                grad_w.index_add_(0, ids, selected(zg, owned).float(), alpha=-hit)
                 if normalize:
                     unit_rows_backward_(weight, grad_w, ctx.chunk_size)
             if need_b:
-                grad_b.index_add_(0, target, g, alpha=-hit)
+                grad_b.index_add_(0, ids, selected(g, owned), alpha=-hit)
         return (
             None if grad_z is None else grad_z.to(z.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
@@ -285,7 +313,13 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
+
+
+def selected(x: Tensor, rows: Tensor | None) -> Tensor:
+    """``x[rows]``, or ``x`` itself when ``rows`` is ``None`` (all of them)."""
+    return x if rows is None else x[rows]
 
 
 def chunked_nll(
@@ -298,12 +332,14 @@ def chunked_nll(
     *,
     normalize: bool = False,
     label_smoothing: float = 0.0,
+    shards: RankReduction | None = None,
 ) -> Tensor:
     """Exact per-row NLL ``[T]`` (fp32) of ``target`` ``[T]`` under ``softmax(z W^T + b)``, or with
     ``label_smoothing`` the smoothed cross-entropy of :class:`ChunkedCrossEntropy`; with
-    ``normalize`` ``W`` is replaced by its unit rows."""
+    ``normalize`` ``W`` is replaced by its unit rows; with ``shards`` ``W`` is this rank's part
+    of a table split across ranks (:class:`ChunkedCrossEntropy`)."""
     return ChunkedCrossEntropy.apply(
-        z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing
+        z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing, shards
     )
 
 

@@ -68,11 +68,19 @@ def check_exact_backend(
     padding_idx: int | None,
     normalize: bool,
     label_smoothing: float,
+    sharded: bool = False,
 ) -> str:
     """``backend`` if it is one of :data:`EXACT_BACKENDS`, can run here and supports the head's
-    options; ``ValueError`` saying which of these fails otherwise."""
+    options; ``ValueError`` saying which of these fails otherwise. A sharded head runs the
+    chunked torch path over its rows (``"auto"`` or ``"torch"``)."""
     if backend not in EXACT_BACKENDS:
         raise ValueError(f"backend must be one of {list(EXACT_BACKENDS)}, got {backend!r}")
+    if sharded and backend not in ("auto", "torch"):
+        raise ValueError(
+            f"backend={backend!r} does not support sharded=True: a table split across ranks "
+            f"is scored by the chunked torch path, whose per-rank sums the ranks combine; use "
+            f"backend='auto' or 'torch'"
+        )
     missing = backend_missing(backend)
     if missing:
         raise ValueError(f"backend={backend!r} cannot run here: {missing}")

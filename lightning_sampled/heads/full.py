@@ -39,6 +39,7 @@ class FullSoftmaxHead(OutputHead):
     """
 
     supports_label_smoothing = True
+    sharding_refusal = None
 
     def __init__(self, num_classes: int, dim: int, *, backend: str = "auto", **options) -> None:
         super().__init__(num_classes, dim, **options)
@@ -48,7 +49,10 @@ class FullSoftmaxHead(OutputHead):
             padding_idx=self.padding_idx,
             normalize=self.normalize,
             label_smoothing=self.label_smoothing,
+            sharded=self.sharded,
         )
+        if self.sharded:
+            self.shard()
 
     def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
         """Mean exact (label-smoothed) cross-entropy of ``target`` ``[...]`` given ``z``
@@ -59,7 +63,7 @@ class FullSoftmaxHead(OutputHead):
         self, queries: Tensor, target: Tensor, label_smoothing: float = 0.0
     ) -> Tensor:
         backend = resolve_backend(self.backend, queries)
-        if backend == "torch":
+        if backend == "torch" or self.is_split:
             return super()._exact_losses(queries, target, label_smoothing)
         if backend == "triton":
             return fused_nll(

@@ -66,6 +66,8 @@ class OneVsEachHead(ProposalHead):
             logit (:meth:`~OutputHead.score_queries`), and the sampler sees the scored queries.
     """
 
+    sharding_refusal = "its sampled pairwise bound has no stratified per-rank form yet"
+
     def __init__(
         self,
         num_classes: int,

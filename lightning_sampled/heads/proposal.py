@@ -15,9 +15,8 @@ import torch
 from torch import Tensor
 
 from ..samplers import Sampler, UniformSampler
-from .base import OutputHead
+from .base import OutputHead, mean_or_zero
 from .chunked import scored_rows
-from .inputs import weighted_mean
 
 
 class ProposalHead(OutputHead, abc.ABC):
@@ -78,6 +77,11 @@ class ProposalHead(OutputHead, abc.ABC):
                 f"{why} needs a query-independent sampler, got {type(self.sampler).__name__}"
             )
 
+    def _after_split(self) -> None:
+        """The proposal becomes its restriction to this rank's rows
+        (:meth:`~lightning_sampled.samplers.Sampler.restricted`), numbered as they are."""
+        self.sampler = self.sampler.restricted(self.shard_ids)
+
     @torch.no_grad()
     def refresh_index(self) -> None:
         """Rebuilds the sampler's index from the class vectors the head scores: the unit rows of
@@ -111,9 +115,9 @@ class ProposalHead(OutputHead, abc.ABC):
         static = self.scores_positions_apart()
         queries, y, mask = self._valid_rows(z, target, static=static)
         weights = self._valid_weights(sample_weight, target, mask, static=static)
-        if y.numel() == 0:
+        if y.numel() == 0 and not self.is_split:
             return z.sum() * 0.0
-        loss = weighted_mean(self.sampled_losses(queries, y), weights)
+        loss = mean_or_zero(self.sampled_losses(queries, y), weights, z)
         return loss + self.proposal_loss(queries)
 
     @abc.abstractmethod

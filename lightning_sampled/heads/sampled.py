@@ -18,6 +18,10 @@ The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and 
   classes with targets ``(.6, .25, .1, .05)`` the first class is learned as ``.996``). Offered to
   reproduce TensorFlow; harmless only when every ``p_y`` is small.
 
+Over a table split across ranks (``sharded=True``) the draws are stratified by rank
+(:mod:`.stratified`): each rank draws ``M_r`` negatives from the proposal restricted to its rows,
+and each negative is corrected by ``log(M_r q_r(j))``, its probability under that design.
+
 With ``in_batch_negatives=True`` the other positions' targets join the negatives (mixed negative
 sampling, Yang et al. 2020; pure in-batch softmax with ``num_negatives=0``), and every candidate,
 whichever set it came from, is corrected by ``log(M q(j) + (T - 1) q_b(j))`` instead of
@@ -40,6 +44,7 @@ from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
 from .in_batch import batch_candidates, in_batch_logits, log_mixture_size
 from .proposal import ProposalHead
+from .stratified import stratified_losses, stratum_size
 
 CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 
@@ -86,9 +91,13 @@ class SampledSoftmaxHead(ProposalHead):
         target_counts: optional ``[N]`` training counts of the targets, fixing ``q_b``.
         frequency_decay: the weight of the newest step in the estimate of ``q_b``.
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
-            ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize`` and
-            ``label_smoothing`` (0 only) of :class:`OutputHead`.
+            ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
+            ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
+            :class:`OutputHead`. ``sharded=True`` takes the uniform, unigram, log-uniform and
+            MIDX (not MIDX-Learn) samplers, without in-batch negatives.
     """
+
+    sharding_refusal = None
 
     def __init__(
         self,
@@ -125,6 +134,23 @@ class SampledSoftmaxHead(ProposalHead):
         if convention not in CONVENTIONS:
             raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
         self.convention = convention
+        if self.sharded and in_batch_negatives:
+            raise ValueError(
+                "in_batch_negatives=True does not support sharded=True yet: the batch's targets "
+                "would be scored on the ranks that hold them and corrected by q_b, whose "
+                "stratified form is not built; use drawn negatives"
+            )
+        #: ``M_r``, this rank's draws per query over a split table (:func:`stratum_size`)
+        self.num_local_negatives = self.num_negatives
+        if self.sharded:
+            self.shard()
+
+    def _after_split(self) -> None:
+        """Sets :attr:`num_local_negatives` from the whole proposal, then restricts it."""
+        self.num_local_negatives = stratum_size(
+            self.sampler, self.shard_ids, self.num_negatives, self.dim
+        )
+        super()._after_split()
 
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
         """Corrected logits ``[T, 1 + C]`` of the scored positions: column 0 is the positive,
@@ -223,7 +249,10 @@ class SampledSoftmaxHead(ProposalHead):
 
     def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
         """Cross-entropy ``[T]`` of each positive among the corrected logits of
-        :meth:`sampled_logits`."""
+        :meth:`sampled_logits` (over a split table: of its stratified form,
+        :func:`~lightning_sampled.heads.stratified.stratified_losses`)."""
+        if self.is_split:
+            return stratified_losses(self, queries, target)
         return softmax_losses(self.sampled_logits(queries, target))
 
     def scores_positions_apart(self) -> bool:
@@ -236,6 +265,7 @@ class SampledSoftmaxHead(ProposalHead):
             f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
             f"in_batch_negatives={self.in_batch_negatives}, "
             f"shared_negatives={self.shared_negatives}, convention={self.convention!r}"
+            + (f", num_local_negatives={self.num_local_negatives}" if self.is_split else "")
         )
 
 

@@ -222,6 +222,8 @@ class TapasHead(ProposalHead):
             temperature: a ``temperature`` other than 1 without ``selection_temperature`` warns.
     """
 
+    sharding_refusal = "its second pass ranks the first pass's candidates across the whole table"
+
     schedulable = ("temperature", "selection_temperature")
     positions_apart = False  # the second pass ranks candidates by the whole batch's queries
 

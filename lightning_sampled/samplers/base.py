@@ -66,6 +66,28 @@ class Sampler(nn.Module):
         """Whether the sampler has parameters of its own, trained by :meth:`auxiliary_loss`."""
         return any(True for _ in self.parameters())
 
+    def restricted(self, ids: Tensor) -> Sampler:
+        """This proposal over the classes ``ids`` only, renormalised: a new sampler over
+        ``K = len(ids)`` classes in which class ``ids[k]`` is class ``k`` (the padding class, if
+        among them, stays the padding class). A head whose table is split across ranks draws
+        from the restriction to its rows. Samplers without one raise ``ValueError``.
+
+        Args:
+            ids: long ``[K]`` distinct class ids.
+        """
+        raise ValueError(
+            f"{type(self).__name__} has no restriction to a shard of the classes: a sharded "
+            f"head draws from UniformSampler, UnigramSampler, LogUniformSampler or MIDXSampler"
+        )
+
+    def local_padding(self, ids: Tensor) -> int | None:
+        """The position of :attr:`padding_idx` in ``ids`` ``[K]``, or ``None`` where it is not
+        there (the padding class of :meth:`restricted`)."""
+        if self.padding_idx is None:
+            return None
+        at = (ids == self.padding_idx).nonzero()
+        return int(at[0, 0]) if at.numel() else None
+
     def sample(
         self,
         z: Tensor,

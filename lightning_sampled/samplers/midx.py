@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from .._class_ids import skip_padding
-from .._validation import check_positive_int
+from .._validation import check_class_ids, check_positive_int
 from ..index import Cells, Quantizer, build_cells, cell_of, check_norms, make_quantizer
 from ..kernels.codeword_logits import CodewordLogits, check_backend, codeword_logits
 from .base import Sample, Sampler
@@ -197,6 +197,32 @@ class MIDXSampler(Sampler):
             self.register_buffer("class_embeddings", torch.zeros(num_classes, 0))
 
     # -- index --------------------------------------------------------------------------------
+
+    def restricted(self, ids: Tensor) -> Sampler:
+        """:meth:`Sampler.restricted`: a new, unbuilt MIDX sampler over the classes ``ids``,
+        with this one's settings (``codebook_size`` capped at their drawable classes); its index
+        is built from their rows only, by the head's ``refresh_index``. MIDX-Learn has none
+        (``ValueError``): its codewords would be trained apart on every rank."""
+        if self.learnable:
+            raise ValueError(
+                "MIDXSampler(learnable=True) cannot be restricted to a shard of the classes: "
+                "every rank would learn codewords of its own from a replicated loss; use "
+                "learnable=False with a sharded head"
+            )
+        check_class_ids("ids", ids, self.num_classes)
+        padding = self.local_padding(ids)
+        drawable = ids.numel() - (padding is not None)
+        return MIDXSampler(
+            ids.numel(),
+            min(self.codebook_size, drawable),
+            self.quantizer.name,
+            self.mode,
+            dim=self.dim,
+            padding_idx=padding,
+            kmeans_iters=self.kmeans_iters,
+            seed=self.seed,
+            backend=self.backend,
+        )
 
     @property
     def is_built(self) -> bool:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .._class_ids import padding_to_rank, skip_padding
+from .._validation import check_class_ids
 from .base import Sample, Sampler, lookup
 
 
@@ -25,6 +26,18 @@ class _StaticSampler(Sampler):
 
     def _log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
         return self._log_q(ids)
+
+    def restricted(self, ids: Tensor) -> Sampler:
+        """:meth:`Sampler.restricted`: a :class:`UnigramSampler` holding ``q(ids) / q(ids).sum()``
+        (:class:`UniformSampler` restricts to a uniform one)."""
+        check_class_ids("ids", ids, self.num_classes)
+        log_q = self._log_q(ids).double()
+        weights = torch.exp(log_q - log_q.max())
+        smallest = float(weights[weights > 0].min() / weights.sum())
+        # alpha 1 keeps the weights; a floor no larger than the smallest changes none
+        return UnigramSampler(
+            weights, alpha=1.0, floor=smallest, padding_idx=self.local_padding(ids)
+        )
 
     def _mask_padding(self, ids: Tensor, log_q: Tensor) -> Tensor:
         if self.padding_idx is None:
@@ -47,6 +60,11 @@ class UniformSampler(_StaticSampler):
         num_classes: the number of classes ``N``.
         padding_idx: a class that is never drawn.
     """
+
+    def restricted(self, ids: Tensor) -> Sampler:
+        """:meth:`Sampler.restricted`: uniform over the classes ``ids``."""
+        check_class_ids("ids", ids, self.num_classes)
+        return UniformSampler(ids.numel(), padding_idx=self.local_padding(ids))
 
     def _draw(self, shape, device, generator):
         ranks = torch.randint(self.num_drawable, shape, device=device, generator=generator)

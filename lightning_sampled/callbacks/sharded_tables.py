@@ -1,0 +1,128 @@
+"""``ShardedTables``: splits the class tables of ``sharded=True`` heads across the ranks when
+Lightning has started the process group, and keeps them out of DDP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+
+from ..protocols import Refreshable, ShardedTable
+from ..sharding import whole_rows
+
+
+class ShardedTables(pl.Callback):
+    """Splits every head built with ``sharded=True`` at setup (``head.shard()``) and lists its
+    parameters and buffers in the LightningModule's ``_ddp_params_and_buffers_to_ignore``.
+
+    A LightningModule builds its heads in ``__init__``, before Lightning's strategy starts the
+    process group; the callbacks' ``setup`` runs after that and before the optimizer and DDP see
+    the parameters. Each rank then keeps its own rows (:attr:`~lightning_sampled.heads.OutputHead
+    .shard_ids`), the optimizer's state is only theirs, and DDP neither averages them (the
+    heads' collectives already give each rank its rows' full gradient) nor checks that the ranks'
+    shapes agree (uneven shards differ by a row), nor broadcasts rank 0's buffers over the other
+    ranks' (a split head's MIDX index is built from its own rows). In one process (or outside
+    ``torch.distributed``) the heads keep every row.
+
+    Use it instead of :class:`SparseGradSync` for sharded heads; with other replicated
+    row-sparse tables, use both (``SparseGradSync`` leaves sharded heads alone).
+
+    Checkpoints hold the whole table, so that they load at any world size (``2 -> 1``,
+    ``1 -> 2``) and serve as a one-file export: when Lightning saves, every rank gathers the split
+    tables and the rows of their optimizer state (an ``O(N D)`` all-gather per checkpoint, none
+    per step; Lightning's DDP strategy has rank 0 write the file); the split heads' proposals
+    (restricted to a rank's rows) are left out. On load each head cuts out its rows
+    (:meth:`~lightning_sampled.heads.OutputHead.load_state_dict`'s pre-hook) and rebuilds its
+    index from them (``refresh_index``), and at the start of training the optimizer's state is
+    cut likewise. A head refuses a checkpoint that holds another rank's rows (an error, never a
+    silent mix-up).
+    """
+
+    def __init__(self) -> None:
+        self.heads: list[str] = []
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        heads = sharded_heads(pl_module)
+        self.heads = [name for name, _ in heads]
+        if not heads:
+            rank_zero_warn("ShardedTables found no head built with sharded=True")
+            return
+        for _, head in heads:
+            head.shard()
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        names = {
+            f"{prefix}.{name}" if prefix else name
+            for prefix, head in heads
+            for name, _ in (*head.named_parameters(), *head.named_buffers())
+        }
+        ignored = set(getattr(pl_module, "_ddp_params_and_buffers_to_ignore", ()))
+        pl_module._ddp_params_and_buffers_to_ignore = sorted(ignored | names)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["state_dict"]
+        for prefix, head in split_heads(pl_module):
+            for key in [k for k in state if k.startswith(f"{prefix}.sampler.")]:
+                del state[key]
+            for name, whole in head.whole_table().items():
+                state[f"{prefix}.{name}"] = whole
+            state[f"{prefix}.shard_layout"] = torch.tensor([head.num_classes, 1, 0])
+            for optimizer, saved in zip(
+                trainer.optimizers, checkpoint.get("optimizer_states", []), strict=False
+            ):
+                for param, entry in row_states(optimizer, saved, head):
+                    for name, value in entry.items():
+                        if is_per_row(value, param.shape[0]):
+                            entry[name] = whole_rows(value, head.shard_map, head.process_group)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        for _, head in sharded_heads(pl_module):
+            if isinstance(head, Refreshable):  # the index of this rank's rows, not saved
+                head.refresh_index()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        """Cuts the optimizer state that a checkpoint restored for the whole table to this
+        rank's rows (Lightning restores it after ``on_load_checkpoint``)."""
+        for _, head in split_heads(pl_module):
+            ids = head.shard_ids
+            for optimizer in trainer.optimizers:
+                for param in (head.weight, head.bias):
+                    entry = optimizer.state.get(param, {}) if param is not None else {}
+                    for name, value in entry.items():
+                        if is_per_row(value, head.num_classes) and value.shape[0] != len(ids):
+                            entry[name] = value[ids.to(value.device)]
+
+
+def split_heads(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The heads of :func:`sharded_heads` whose table is split on this rank now."""
+    return [(name, head) for name, head in sharded_heads(module) if head.is_split]
+
+
+def row_states(optimizer, saved: dict, head: nn.Module) -> list[tuple[Tensor, dict]]:
+    """``(param, its entry of saved["state"])`` for the head's table and bias, found by their
+    positions in ``optimizer``'s parameter groups (how ``state_dict()`` numbers them)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return [
+        (param, saved["state"][index])
+        for index, param in enumerate(params)
+        if any(param is own for own in (head.weight, head.bias)) and index in saved["state"]
+    ]
+
+
+def is_per_row(value: object, rows: int) -> bool:
+    """Whether an optimizer state entry holds one row (or value) per class: a tensor whose first
+    dimension is ``rows`` (the moments, a row-wise accumulator), not a step count."""
+    return isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == rows
+
+
+def sharded_heads(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The submodules of ``module`` (``module`` included) that asked for a sharded table."""
+    return [
+        (name, child)
+        for name, child in module.named_modules()
+        if isinstance(child, ShardedTable) and child.sharded
+    ]

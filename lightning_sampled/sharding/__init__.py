@@ -1,0 +1,11 @@
+"""Class tables split across the ranks of a process group.
+
+:class:`ShardMap` says which rank holds which rows (strided: class ``c`` on rank ``c mod W``);
+:mod:`.collectives` holds the differentiable gathers and reductions the sharded heads use. The
+heads themselves take ``sharded=True`` (:class:`~lightning_sampled.heads.OutputHead`).
+"""
+
+from .collectives import combined_logsumexp, gather_rows, whole_rows
+from .shard_map import ShardMap
+
+__all__ = ["ShardMap", "combined_logsumexp", "gather_rows", "whole_rows"]

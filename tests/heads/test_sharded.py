@@ -1,0 +1,323 @@
+"""Heads over a class table split across two gloo processes (``sharded=True``) against the same
+head unsharded in one process: losses, gradients of every parameter, ``log_prob``,
+``full_loss``, ``topk`` and ``evaluate_ranking``.
+
+One spawn runs every case (a spawn costs seconds); each rank saves what it computed and the
+tests compare with the unsharded head here. Sampled heads are compared on the draws each rank
+made, recorded by a wrapper around its sampler: the reference rebuilds the stratified estimator
+from them over the whole table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
+from lightning_sampled.metrics import evaluate_ranking
+from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UniformSampler
+
+N, D, WORLD = 23, 6, 2  # 12 rows on rank 0, 11 on rank 1
+ROWS = {0: 5, 1: 3}  # scored positions per rank (uneven), plus one ignored position each
+
+
+def table() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(N, D, generator=g) * 0.7, torch.randn(N, generator=g) * 0.3
+
+
+def rank_batch(rank: int, batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s queries ``[T + 1, D]`` and targets ``[T + 1]`` (the last one ignored)."""
+    g = torch.Generator().manual_seed(100 + rank + 10 * batch)
+    z = torch.randn(ROWS[rank] + 1, D, generator=g)
+    y = torch.randint(N, (ROWS[rank] + 1,), generator=g)
+    y[y == 4] = 5  # class 4 is the padding class of some cases
+    y[-1] = -100
+    return z, y
+
+
+def exclude_of(rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(200 + rank)
+    ex = torch.randint(N, (ROWS[rank] + 1, 3 + rank), generator=g)
+    ex[0, 0] = -1
+    return ex
+
+
+FULL_CASES = {
+    "plain": dict(),
+    "bias_padding_smoothing": dict(bias=True, padding_idx=4, label_smoothing=0.1),
+    "normalize_temperature": dict(normalize=True, temperature=0.5),
+}
+SAMPLED_CASES = {
+    "uniform_padding": dict(sampler="uniform", padding_idx=4),
+    "log_uniform_corrected_all": dict(sampler="log_uniform", convention="corrected_all"),
+    "log_uniform_shared_bias_padding": dict(
+        sampler="log_uniform", shared_negatives=True, bias=True, padding_idx=4
+    ),
+    "uniform_tensorflow_sparse": dict(sampler="uniform", convention="tensorflow", sparse=True),
+    "midx": dict(sampler="midx"),
+}
+M = 7
+
+
+def make_sampler(name: str, padding_idx: int | None = None):
+    if name == "uniform":
+        return UniformSampler(N, padding_idx=padding_idx)
+    if name == "log_uniform":
+        return LogUniformSampler(N, padding_idx=padding_idx)
+    return MIDXSampler(N, codebook_size=3, quantizer="rq", dim=D, padding_idx=padding_idx)
+
+
+def make_head(kind: str, options: dict, sharded: bool):
+    options = dict(options)
+    if kind == "full":
+        head = FullSoftmaxHead(N, D, sharded=sharded, **options)
+    else:
+        sampler = make_sampler(options.pop("sampler"), options.get("padding_idx"))
+        sparse = options.pop("sparse", False)
+        head = SampledSoftmaxHead(N, D, sampler, M, sharded=sharded, sparse_grad=sparse, **options)
+    weight, bias = table()
+    with torch.no_grad():
+        ids = head.shard_ids
+        head.weight.copy_(weight[ids])
+        if head.bias is not None:
+            head.bias.copy_(bias[ids])
+    return head
+
+
+class Recorder:
+    """Wraps a head's sampler and keeps each draw as global ids with their ``log q``."""
+
+    def __init__(self, head) -> None:
+        self.head, self.draws = head, []
+        sample = head.sampler.sample
+
+        def recorded(z, m, **kwargs):
+            draw = sample(z, m, **kwargs)
+            self.draws.append((head.shard_ids[draw.ids], draw.log_q, m))
+            return draw
+
+        head.sampler.sample = recorded
+
+
+def run_case(kind: str, options: dict, rank: int) -> dict:
+    head = make_head(kind, options, sharded=True)
+    if kind == "sampled" and options["sampler"] == "midx":
+        head.refresh_index()
+    recorder = Recorder(head) if kind == "sampled" else None
+    z, y = rank_batch(rank)
+    z.requires_grad_(True)
+    loss = head(z, y)
+    loss.backward()
+    out = {
+        "loss": loss.detach(),
+        "z_grad": z.grad,
+        "weight_grad": head.weight.grad.to_dense(),
+        "bias_grad": None if head.bias is None else head.bias.grad,
+        "shard_ids": head.shard_ids,
+        "draws": None if recorder is None else recorder.draws,
+    }
+    with torch.no_grad():
+        out["log_prob"] = head.log_prob(z, y)
+        out["full_loss"] = head.full_loss(z, y)
+        out["topk"] = head.topk(z, 6, exclude=exclude_of(rank))
+    return out
+
+
+def tied_loss(head, z, y, rank):
+    """The head's loss plus a loss on inputs looked up from its table (a tied embedding)."""
+    ids = torch.tensor([[rank, 4, 7], [22 - rank, 4, 4]])
+    return head(z, y) + 0.1 * (head.embed(ids) ** 2).sum() * (rank + 1)
+
+
+def run_tied(rank: int) -> dict:
+    head = make_head("full", {"padding_idx": 4}, sharded=True)
+    z, y = rank_batch(rank)
+    z.requires_grad_(True)
+    loss = tied_loss(head, z, y, rank)
+    loss.backward()
+    return {"loss": loss.detach(), "z_grad": z.grad, "weight_grad": head.weight.grad}
+
+
+def run_consistency(rank: int) -> torch.Tensor:
+    """A sampled head's loss with many draws, beside the exact loss it estimates."""
+    head = make_head("sampled", {"sampler": "log_uniform", "padding_idx": 4}, sharded=True)
+    head.num_local_negatives = 20000
+    z, y = rank_batch(rank)
+    with torch.no_grad():
+        return torch.stack([head(z, y), head.full_loss(z, y)])
+
+
+def run_evaluation(rank: int) -> dict:
+    head = make_head("full", {"padding_idx": 4}, sharded=True)
+    batches = [rank_batch(rank, b) for b in range(2)]
+    return evaluate_ranking(head, batches, lambda b: (b[0], b[1].clamp(min=0)), ks=(3,))
+
+
+def worker(rank: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        results = {}
+        for name, options in FULL_CASES.items():
+            results[("full", name)] = run_case("full", options, rank)
+        for name, options in SAMPLED_CASES.items():
+            results[("sampled", name)] = run_case("sampled", options, rank)
+        results["evaluation"] = run_evaluation(rank)
+        results["tied"] = run_tied(rank)
+        results["consistency"] = run_consistency(rank)
+        torch.save(results, f"{out}{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sharded")
+    out = str(tmp / "rank")
+    mp.spawn(worker, args=(str(tmp / "init"), out), nprocs=WORLD, join=True)
+    return [torch.load(f"{out}{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def reference_grads(head, loss_of_rank):
+    """Per rank: (loss, z grad); and the table's (and bias') gradient of the mean of the ranks'
+    losses, as DDP averages a replicated table."""
+    per_rank, total = [], 0.0
+    for rank in range(WORLD):
+        z, y = rank_batch(rank)
+        z.requires_grad_(True)
+        loss = loss_of_rank(head, z, y, rank)
+        (z_grad,) = torch.autograd.grad(loss, z, retain_graph=True)
+        per_rank.append((loss.detach(), z_grad))
+        total = total + loss / WORLD
+    total.backward()
+    return per_rank, head.weight.grad.to_dense(), None if head.bias is None else head.bias.grad
+
+
+def check_against(results, kind, name, per_rank, weight_grad, bias_grad):
+    for rank in range(WORLD):
+        got = results[rank][(kind, name)]
+        ids = got["shard_ids"]
+        torch.testing.assert_close(got["loss"], per_rank[rank][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["z_grad"], per_rank[rank][1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["weight_grad"], weight_grad[ids], rtol=1e-5, atol=1e-6)
+        if bias_grad is not None:
+            torch.testing.assert_close(got["bias_grad"], bias_grad[ids], rtol=1e-5, atol=1e-6)
+
+
+def test_the_shards_are_strided_and_cover_the_table(ranks):
+    ids = [ranks[r][("full", "plain")]["shard_ids"] for r in range(WORLD)]
+    assert ids[0].tolist() == list(range(0, N, 2)) and ids[1].tolist() == list(range(1, N, 2))
+
+
+@pytest.mark.parametrize("name", sorted(FULL_CASES))
+def test_full_softmax_equals_the_unsharded_head(ranks, name):
+    head = make_head("full", FULL_CASES[name], sharded=False)
+    per_rank, weight_grad, bias_grad = reference_grads(head, lambda h, z, y, r: h(z, y))
+    check_against(ranks, "full", name, per_rank, weight_grad, bias_grad)
+    for rank in range(WORLD):
+        got = ranks[rank][("full", name)]
+        z, y = rank_batch(rank)
+        torch.testing.assert_close(got["log_prob"], head.log_prob(z, y), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["full_loss"], head.full_loss(z, y), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,name", [("full", n) for n in FULL_CASES] + [("sampled", "midx")])
+def test_topk_merges_the_ranks_into_the_exact_top_k(ranks, kind, name):
+    options = FULL_CASES[name] if kind == "full" else SAMPLED_CASES[name]
+    head = make_head(kind, options, sharded=False)
+    for rank in range(WORLD):
+        z, _ = rank_batch(rank)
+        values, ids = ranks[rank][(kind, name)]["topk"]
+        want_values, want_ids = head.topk(z, 6, exclude=exclude_of(rank))
+        torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-6)
+        assert torch.equal(ids, want_ids)
+
+
+def test_evaluate_ranking_equals_the_unsharded_head_on_all_ranks_batches(ranks):
+    head = make_head("full", {"padding_idx": 4}, sharded=False)
+    batches = [rank_batch(rank, b) for rank in range(WORLD) for b in range(2)]
+    want = evaluate_ranking(head, batches, lambda b: (b[0], b[1].clamp(min=0)), ks=(3,))
+    for rank in range(WORLD):
+        assert ranks[rank]["evaluation"].keys() == want.keys()
+        for key, value in want.items():
+            assert ranks[rank]["evaluation"][key] == pytest.approx(value, rel=1e-5), key
+
+
+def stratified_reference(head, options, draws):
+    """The loss of rank ``rank`` from the draws every rank made for the gathered queries."""
+
+    def loss_of_rank(head, z, y, rank):
+        every_z = torch.cat([z if r == rank else rank_batch(r)[0] for r in range(WORLD)])
+        every_y = torch.cat([rank_batch(r)[1] for r in range(WORLD)])
+        keep = every_y >= 0
+        q = head.score_queries(every_z[keep])
+        target = every_y[keep]
+        logits = q @ head.weight.T + (0 if head.bias is None else head.bias)
+        pos = logits.gather(1, target[:, None])[:, 0]
+        columns = [pos[:, None]]
+        convention = options.get("convention", "exact_positive")
+        for r in range(WORLD):
+            ids, log_q, m = draws[r]
+            ids, log_q = ids.expand(len(target), -1), log_q.expand(len(target), -1)
+            neg = logits.gather(1, ids) - (math.log(m) + log_q)
+            if convention != "corrected_all":
+                neg = neg.masked_fill(ids == target[:, None], -math.inf)
+            columns.append(neg)
+        if convention != "exact_positive":
+            owner = target % WORLD
+            sizes = torch.stack([torch.full_like(pos, math.log(draws[r][2])) for r in range(2)])
+            log_q_pos = torch.stack(
+                [restricted_log_q(head, options, r, target) for r in range(WORLD)]
+            )
+            columns[0] = columns[0] - (sizes + log_q_pos).gather(0, owner[None])[0][:, None]
+        logits = torch.cat(columns, dim=1)
+        losses = torch.logsumexp(logits, 1) - logits[:, 0]
+        start = sum(ROWS[r] for r in range(rank))
+        return losses[start : start + ROWS[rank]].mean()
+
+    return loss_of_rank
+
+
+def restricted_log_q(head, options, rank, target):
+    """``log q_r(y)`` of the proposal restricted to rank ``rank``'s rows (``-inf`` off them)."""
+    ids = torch.arange(rank, N, WORLD)
+    full = make_sampler(options["sampler"], options.get("padding_idx"))
+    log_q = full.log_prob(torch.zeros(1, D), ids)
+    log_q = log_q - torch.logsumexp(log_q, 0)
+    out = torch.full(target.shape, -math.inf)
+    mine = target % WORLD == rank
+    out[mine] = log_q[target[mine] // WORLD]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLED_CASES))
+def test_sampled_softmax_equals_the_stratified_estimator_on_the_same_draws(ranks, name):
+    options = SAMPLED_CASES[name]
+    draws = [ranks[r][("sampled", name)]["draws"][0] for r in range(WORLD)]
+    head = make_head("sampled", {**options, "sparse": False}, sharded=False)
+    per_rank, weight_grad, bias_grad = reference_grads(
+        head, stratified_reference(head, options, draws)
+    )
+    check_against(ranks, "sampled", name, per_rank, weight_grad, bias_grad)
+
+
+def test_a_tied_input_lookup_reads_and_trains_the_rows_where_they_live(ranks):
+    head = make_head("full", {"padding_idx": 4}, sharded=False)
+    per_rank, weight_grad, _ = reference_grads(head, tied_loss)
+    for rank in range(WORLD):
+        got = ranks[rank]["tied"]
+        ids = ranks[rank][("full", "plain")]["shard_ids"]
+        torch.testing.assert_close(got["loss"], per_rank[rank][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["z_grad"], per_rank[rank][1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["weight_grad"], weight_grad[ids], rtol=1e-5, atol=1e-6)
+    assert weight_grad[4].abs().sum() == 0  # the padding class is looked up as zeros
+
+
+def test_stratified_draws_are_consistent_with_many_negatives(ranks):
+    for rank in range(WORLD):
+        sampled, exact = ranks[rank]["consistency"]
+        assert sampled == pytest.approx(float(exact), rel=0.01)

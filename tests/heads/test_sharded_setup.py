@@ -1,0 +1,144 @@
+"""``sharded=True`` in one process and its bad input: the heads that refuse it, the options it
+refuses, the samplers' restrictions to a shard and the allocation of draws, and checkpoints of
+the whole table or of another split."""
+
+import math
+
+import pytest
+import torch
+
+from lightning_sampled.heads import (
+    CaneHead,
+    FullSoftmaxHead,
+    OneVsEachHead,
+    SampledSoftmaxHead,
+    TapasHead,
+)
+from lightning_sampled.heads.stratified import stratum_size
+from lightning_sampled.samplers import (
+    LogUniformSampler,
+    MIDXSampler,
+    MixtureSampler,
+    UniformSampler,
+    UnigramSampler,
+)
+
+N, D = 23, 4
+
+
+@pytest.mark.parametrize(
+    "head_type,args", [(OneVsEachHead, ()), (TapasHead, ()), (CaneHead, (3, 5))]
+)
+def test_heads_without_a_sharded_objective_refuse_it_by_name(head_type, args):
+    with pytest.raises(ValueError, match=f"{head_type.__name__} cannot be sharded: its"):
+        head_type(N, D, *args, sharded=True)
+
+
+@pytest.mark.parametrize(
+    "build,match",
+    [
+        (
+            lambda: FullSoftmaxHead(
+                N, D, sharded=True, weight=torch.nn.Parameter(torch.zeros(N, D))
+            ),
+            "weight=None",
+        ),
+        (lambda: FullSoftmaxHead(N, D, sharded="yes"), "sharded must be a bool"),
+        (lambda: FullSoftmaxHead(N, D, sharded=True, backend="triton"), "does not support sharded"),
+        (
+            lambda: SampledSoftmaxHead(N, D, sharded=True, in_batch_negatives=True),
+            "in_batch_negatives=True does not support sharded",
+        ),
+    ],
+)
+def test_options_a_sharded_head_cannot_take_are_refused(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_in_one_process_a_sharded_head_holds_every_row_and_equals_the_unsharded_one():
+    torch.manual_seed(0)
+    sharded = FullSoftmaxHead(N, D, sharded=True, bias=True)
+    torch.manual_seed(0)
+    plain = FullSoftmaxHead(N, D, bias=True)
+    assert not sharded.is_split and torch.equal(sharded.shard_ids, torch.arange(N))
+    assert torch.equal(sharded.weight, plain.weight)
+    z, y = torch.randn(5, D), torch.randint(N, (5,))
+    torch.testing.assert_close(sharded(z, y), plain(z, y))
+    sharded.shard()  # a no-op outside torch.distributed
+    assert sharded.weight.shape == (N, D)
+    with pytest.raises(ValueError, match="sharded=False"):
+        plain.shard()
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        UniformSampler(N, padding_idx=4),
+        LogUniformSampler(N, padding_idx=4),
+        UnigramSampler(torch.arange(N).float() + 1, alpha=0.5, padding_idx=4),
+    ],
+    ids=["uniform", "log_uniform", "unigram"],
+)
+def test_a_restricted_static_proposal_is_the_proposal_renormalised_over_the_shard(sampler):
+    ids = torch.arange(0, N, 2)  # holds the padding class 4 at local row 2
+    local = sampler.restricted(ids)
+    assert local.num_classes == ids.numel() and local.padding_idx == 2
+    log_q = sampler.log_prob(torch.zeros(1, D), ids)
+    want = log_q - torch.logsumexp(log_q, 0)
+    got = local.log_prob(torch.zeros(1, D), torch.arange(ids.numel()))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    draws = local.sample(
+        torch.zeros(1, D), 60000, shared=True, generator=torch.Generator().manual_seed(0)
+    ).ids
+    freq = torch.bincount(draws, minlength=ids.numel()).double() / draws.numel()
+    assert freq[2] == 0
+    torch.testing.assert_close(freq, want.exp().double(), rtol=0, atol=0.01)
+
+
+def test_midx_restricts_to_an_unbuilt_index_of_the_shard_and_midx_learn_refuses():
+    midx = MIDXSampler(N, codebook_size=8, dim=D, padding_idx=4)
+    local = midx.restricted(torch.arange(1, N, 2))
+    assert local.num_classes == 11 and local.padding_idx is None and local.codebook_size == 8
+    assert not local.is_built
+    with pytest.raises(ValueError, match=r"learnable=True\) cannot be restricted"):
+        MIDXSampler(N, codebook_size=4, learnable=True, dim=D).restricted(torch.arange(3))
+    mixture = MixtureSampler([UniformSampler(N), LogUniformSampler(N)], [0.5, 0.5])
+    with pytest.raises(ValueError, match="MixtureSampler has no restriction"):
+        mixture.restricted(torch.arange(3))
+
+
+def test_draws_per_rank_follow_the_proposals_mass_on_the_rank():
+    even, odd = torch.arange(0, N, 2), torch.arange(1, N, 2)
+    assert [stratum_size(UniformSampler(N), ids, 7, D) for ids in (even, odd)] == [4, 4]
+    assert [stratum_size(UniformSampler(N), ids, 100, D) for ids in (even, odd)] == [53, 48]
+    log_uniform = LogUniformSampler(N)
+    mass = log_uniform.log_prob(torch.zeros(1, D), even).exp().sum()
+    assert stratum_size(log_uniform, even, 100, D) == math.ceil(100 * float(mass))
+    midx = MIDXSampler(N, codebook_size=4, dim=D, padding_idx=4)
+    assert stratum_size(midx, even, 100, D) == math.ceil(100 * 11 / 22)  # drawable share
+    with pytest.raises(ValueError, match="holds no class"):
+        stratum_size(UniformSampler(N, padding_idx=4), torch.tensor([4]), 10, D)
+
+
+def test_a_whole_table_checkpoint_loads_and_another_split_is_refused():
+    plain = FullSoftmaxHead(N, D, bias=True)
+    sharded = FullSoftmaxHead(N, D, bias=True, sharded=True)
+    sharded.load_state_dict(plain.state_dict())  # an unsharded head's checkpoint
+    assert torch.equal(sharded.weight, plain.weight)
+    state = sharded.state_dict()
+    state["shard_layout"] = torch.tensor([N, 2, 1])
+    state["weight"] = state["weight"][1::2]
+    with pytest.raises(ValueError, match="rows of rank 1 of a table of 23 classes split over 2"):
+        sharded.load_state_dict(state)
+
+
+def test_a_split_table_refuses_logits_and_adaptive_topk_by_name():
+    head = FullSoftmaxHead(N, D, sharded=True)
+    head.shard_map = object.__new__(type("Fake", (), {"world_size": 2}))
+    for method, call in (
+        ("logits", lambda: head.logits(torch.randn(2, D))),
+        ("adaptive_topk", lambda: head.adaptive_topk(torch.randn(2, D))),
+    ):
+        with pytest.raises(ValueError, match=f"FullSoftmaxHead.{method} is not available"):
+            call()

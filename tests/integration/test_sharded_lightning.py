@@ -1,0 +1,71 @@
+"""Heads over a table split across two DDP processes on gloo, under a Lightning ``Trainer`` with
+``ShardedTables``, the tied input lookup and ``LazyAdam``: equal to one process on the whole
+batch, checkpointed, and resumed at two processes and at one."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from ddp_sharded_train import NUM_CLASSES, ShardedToyModel, fit
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_ddp(out: Path, epochs: int, head: str, resume: Path | None = None) -> dict:
+    """Fits in two processes (a subprocess: Lightning's launcher re-runs the script) and returns
+    the checkpoint they saved."""
+    env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    args = [str(out), "2", str(epochs), head] + ([str(resume)] if resume else [])
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "ddp_sharded_train.py"), *args],
+        cwd=out.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = "".join(p.read_text() for p in out.parent.glob(f"{out.name}.error*.txt"))
+    assert proc.returncode == 0, errors or proc.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+def assert_same_model(state: dict, model: torch.nn.Module) -> None:
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(state[name], value, rtol=0, atol=2e-5, msg=name)
+
+
+def test_two_processes_equal_one_and_resume_at_two_and_at_one(tmp_path):
+    first = run_ddp(tmp_path / "epoch1.ckpt", 1, "full")
+    weight = first["state_dict"]["head.weight"]
+    assert weight.shape == (NUM_CLASSES, 8)  # the whole table, gathered
+    assert first["state_dict"]["head.shard_layout"].tolist() == [NUM_CLASSES, 1, 0]
+    moments = [s for s in first["optimizer_states"][0]["state"].values()]
+    assert any(s["exp_avg"].shape == (NUM_CLASSES, 8) for s in moments)
+
+    straight = fit(devices=1, epochs=2, head="full").lightning_module
+    at_two = run_ddp(tmp_path / "epoch2.ckpt", 2, "full", resume=tmp_path / "epoch1.ckpt")
+    at_one = fit(devices=1, epochs=2, head="full", resume=str(tmp_path / "epoch1.ckpt"))
+    L.seed_everything(0, verbose=False)
+    initial = ShardedToyModel("full").state_dict()
+    assert (straight.head.weight - initial["head.weight"]).abs().max() > 0.1  # it trained
+    assert_same_model(at_two["state_dict"], straight)
+    assert_same_model(at_one.lightning_module.state_dict(), straight)
+    ours = at_one.optimizers[0].state_dict()["state"]
+    for key, entry in at_two["optimizer_states"][0]["state"].items():
+        for name, value in entry.items():
+            torch.testing.assert_close(value, ours[key][name], rtol=0, atol=2e-5)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_sharded_midx_head_trains_with_an_index_per_rank(tmp_path):
+    saved = run_ddp(tmp_path / "midx.ckpt", 3, "midx")
+    assert not any(k.startswith("head.sampler.") for k in saved["state_dict"])
+    model = ShardedToyModel("midx")
+    L.seed_everything(0, verbose=False)
+    before = ShardedToyModel("midx").exact_loss()
+    model.load_state_dict(saved["state_dict"])
+    assert model.exact_loss() < 0.8 * before
