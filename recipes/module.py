@@ -9,7 +9,7 @@ module by the CLI (:mod:`recipes.cli`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -48,6 +48,12 @@ class SampledModule(L.LightningModule):
         lr: learning rate of :class:`~lightning_sampled.optim.LazyAdam` (Adam for dense
             gradients, SparseAdam's lazy update for a ``sparse_grad=True`` head's table).
         weight_decay: decoupled weight decay (AdamW's; on sparse rows only when touched).
+        table_state: how ``LazyAdam`` updates a row-sparse class table (``sparse_grad=True``):
+            ``"adam"`` (two ``[N, D]`` moments) or ``"row_wise_adagrad"`` (FBGEMM's exact
+            row-wise Adagrad, one ``[N]`` accumulator); dense parameters get Adam either way.
+        table_lr: the learning rate of ``"row_wise_adagrad"`` (unused by ``"adam"``).
+        state_dtype: ``"float32"`` or ``"bfloat16"``: the dtype the row-sparse table's optimizer
+            state is stored in (computed in fp32).
     """
 
     padding_idx: int | None = None
@@ -61,6 +67,9 @@ class SampledModule(L.LightningModule):
         class_counts: list[int] | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
+        table_state: Literal["adam", "row_wise_adagrad"] = "adam",
+        table_lr: float = 1e-2,
+        state_dtype: Literal["float32", "bfloat16"] = "float32",
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -72,6 +81,9 @@ class SampledModule(L.LightningModule):
         self.class_counts = None if class_counts is None else torch.as_tensor(class_counts)
         self.lr = lr
         self.weight_decay = weight_decay
+        self.optimizer_options = dict(
+            table_state=table_state, table_lr=table_lr, state_dtype=state_dtype
+        )
         self._diagnostic_batch: dict[str, Tensor] | None = None
 
     def build_head(self, dim: int, weight: nn.Parameter | None = None) -> OutputHead:
@@ -116,7 +128,9 @@ class SampledModule(L.LightningModule):
         return [FitLogInterval()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return LazyAdam(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        return LazyAdam(
+            self.parameters(), lr=self.lr, weight_decay=self.weight_decay, **self.optimizer_options
+        )
 
     def configure_gradient_clipping(
         self,
