@@ -14,13 +14,44 @@ def item_embedding(num_items: int, dim: int) -> nn.Embedding:
     """An item table ``[N, D]`` with padding row 0 and ``N(0, 1 / D)`` rows, so that the tied
     head's initial logits are of order one."""
     emb = nn.Embedding(num_items, dim, padding_idx=0)
-    nn.init.normal_(emb.weight, std=dim**-0.5)
-    with torch.no_grad():
-        emb.weight[0].zero_()
+    init_item_rows(emb.weight)
     return emb
 
 
-class SASRec(SequentialRecommender):
+def init_item_rows(table: nn.Parameter) -> None:
+    """In place: ``N(0, 1 / D)`` rows and a zero padding row 0 (:func:`item_embedding`'s)."""
+    nn.init.normal_(table, std=table.shape[1] ** -0.5)
+    with torch.no_grad():
+        table[0].zero_()
+
+
+class TiedRecommender(SequentialRecommender):
+    """A recommender whose head is tied to its item embedding ``item_emb``, or, for a head built
+    with ``sharded: true``, owns the item table and looks the inputs up itself (``head.embed``,
+    a collective over the ranks that hold the rows; ``item_emb`` is then ``None``)."""
+
+    item_emb: nn.Embedding | None
+
+    def new_item_embedding(self, dim: int) -> nn.Embedding | None:
+        """The item embedding, or ``None`` where the head will own a sharded table."""
+        return None if self.shards_table() else item_embedding(self.num_classes, dim)
+
+    def tie_head(self, dim: int) -> None:
+        """Builds the head, tied to ``item_emb`` (its lookup row-sparse with a
+        ``sparse_grad`` head) or owning the sharded table, initialised as ``item_emb`` is."""
+        if self.item_emb is None:
+            self.head = self.build_head(dim)
+            init_item_rows(self.head.weight)
+        else:
+            self.head = self.build_head(dim, self.item_emb.weight)
+            self.sparse_lookup(self.item_emb)
+
+    def items(self, ids: Tensor) -> Tensor:
+        """Item vectors ``[*ids.shape, D]`` (the padding item 0: zeros)."""
+        return self.head.embed(ids) if self.item_emb is None else self.item_emb(ids)
+
+
+class SASRec(TiedRecommender):
     """SASRec (Kang and McAuley, 2018): item and learned position embeddings, causal
     self-attention blocks, output head tied to the item embeddings.
 
@@ -49,7 +80,7 @@ class SASRec(SequentialRecommender):
         super().__init__(*args, **kwargs)
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
-        self.item_emb = item_embedding(self.num_classes, dim)
+        self.item_emb = self.new_item_embedding(dim)
         self.pos_emb = nn.Embedding(max_len, dim)
         self.dropout = nn.Dropout(dropout)
         layer = nn.TransformerEncoderLayer(
@@ -57,8 +88,7 @@ class SASRec(SequentialRecommender):
         )
         self.blocks = nn.TransformerEncoder(layer, num_blocks, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
-        self.head = self.build_head(dim, self.item_emb.weight)
-        self.sparse_lookup(self.item_emb)
+        self.tie_head(dim)
 
     def encode(self, inputs: Tensor) -> Tensor:
         """``[B, L]`` item ids (0 = padding) to ``[B, L, D]`` states."""
@@ -68,13 +98,13 @@ class SASRec(SequentialRecommender):
                 f"input length {length} exceeds SASRec max_len={self.pos_emb.num_embeddings}"
             )
         keep = (inputs != 0).unsqueeze(-1)
-        x = self.item_emb(inputs) * self.item_emb.embedding_dim**0.5
+        x = self.items(inputs) * self.head.dim**0.5
         x = self.dropout(x + self.pos_emb.weight[:length]) * keep
         causal = nn.Transformer.generate_square_subsequent_mask(length, device=inputs.device)
         return self.norm(self.blocks(x, mask=causal, is_causal=True)) * keep
 
 
-class GRU4Rec(SequentialRecommender):
+class GRU4Rec(TiedRecommender):
     """GRU4Rec: item embedding, GRU, output head (tied to the item embedding by default).
 
     Args:
@@ -95,15 +125,20 @@ class GRU4Rec(SequentialRecommender):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.item_emb = item_embedding(self.num_classes, dim)
+        if not tie_weights and self.shards_table():
+            raise ValueError("a sharded head needs tie_weights=True (it owns the item table)")
+        self.item_emb = self.new_item_embedding(dim)
         self.dropout = nn.Dropout(dropout)
         self.gru = nn.GRU(dim, dim, num_layers, batch_first=True)
-        self.head = self.build_head(dim, self.item_emb.weight if tie_weights else None)
-        self.sparse_lookup(self.item_emb)
+        if tie_weights:
+            self.tie_head(dim)
+        else:
+            self.head = self.build_head(dim)
+            self.sparse_lookup(self.item_emb)
 
     def encode(self, inputs: Tensor) -> Tensor:
         """``[B, L]`` item ids to ``[B, L, D]`` states."""
-        return self.gru(self.dropout(self.item_emb(inputs)))[0]
+        return self.gru(self.dropout(self.items(inputs)))[0]
 
 
 class LSTMLanguageModel(LanguageModel):

@@ -1,10 +1,11 @@
 """LightningModules that pair an encoder with any head, trained sampled and evaluated exactly.
 
 A model subclass builds its encoder, then calls :meth:`SampledModule.build_head` with the width of
-its outputs and, to tie the output layer, its embedding table. The head and the sampler are
-factories (``class_path`` / ``init_args`` in a config, see :mod:`recipes.specs`) that the model
-calls with what a config cannot hold; ``num_classes`` and ``class_counts`` are linked from the data
-module by the CLI (:mod:`recipes.cli`).
+its outputs and, to tie the output layer, its embedding table (or, for a head whose config asks
+for ``sharded: true``, looks its inputs up through the head, :meth:`SampledModule.shards_table`).
+The head and the sampler are factories (``class_path`` / ``init_args`` in a config, see
+:mod:`recipes.specs`) that the model calls with what a config cannot hold; ``num_classes`` and
+``class_counts`` are linked from the data module by the CLI (:mod:`recipes.cli`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from lightning_sampled.callbacks import ShardedTables
 from lightning_sampled.heads import FullSoftmaxHead, OutputHead
 from lightning_sampled.metrics import (
     NDCG,
@@ -27,9 +29,10 @@ from lightning_sampled.metrics import (
     Recall,
 )
 from lightning_sampled.optim import LazyAdam, clip_grad_norm_
+from lightning_sampled.sharding.collectives import gathered_sizes
 
 from .callbacks import FitLogInterval
-from .specs import HeadFactory, SamplerFactory, build_head, build_sampler
+from .specs import HeadFactory, SamplerFactory, build_head, build_sampler, factory_option
 
 
 class SampledModule(L.LightningModule):
@@ -86,6 +89,13 @@ class SampledModule(L.LightningModule):
         )
         self._diagnostic_batch: dict[str, Tensor] | None = None
 
+    def shards_table(self) -> bool:
+        """Whether the head's config asks for ``sharded=True``: the head then owns the class
+        table, split across the ranks by :class:`~lightning_sampled.callbacks.ShardedTables`
+        (added by :meth:`configure_callbacks`), and a tied model looks its inputs up with
+        ``head.embed`` instead of an ``nn.Embedding``."""
+        return bool(factory_option(self.head_factory, "sharded", False))
+
     def build_head(self, dim: int, weight: nn.Parameter | None = None) -> OutputHead:
         """The configured head over ``num_classes`` classes of width ``dim``, tied to ``weight``."""
         sampler = None
@@ -124,8 +134,47 @@ class SampledModule(L.LightningModule):
         return loss
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """:class:`~recipes.callbacks.FitLogInterval`: the train loss is logged on short epochs."""
-        return [FitLogInterval()]
+        """:class:`~recipes.callbacks.FitLogInterval`: the train loss is logged on short epochs;
+        :class:`~lightning_sampled.callbacks.ShardedTables` for a sharded head."""
+        return [FitLogInterval()] + ([ShardedTables()] if self.shards_table() else [])
+
+    # -- evaluation over a split table ---------------------------------------------------------
+    # Each evaluation batch of a split head is a collective (the queries are gathered, each rank
+    # scores its rows), so every rank must evaluate as many batches. The evaluation samplers
+    # split the rows without padding (lightning_sampled.metrics.evaluation_sampler), which can
+    # leave a rank one batch short: at the epoch's start the ranks exchange their batch counts,
+    # and after its last batch (before Lightning reduces the metrics) a short rank repeats the
+    # collectives of that batch's first row as many times as it lacks batches, results unused.
+
+    def evaluation_collectives(self, batch: dict[str, Tensor]) -> Tensor:
+        """What an evaluation batch asks of the head (its collectives on a split table)."""
+        raise NotImplementedError
+
+    def _count_batches(self, batches: list[int]) -> None:
+        self._eval_batches, self._missing_batches = sum(batches), 0
+        if self.head.is_split:
+            counts = gathered_sizes(sum(batches), self.device, self.head.process_group)
+            self._missing_batches = max(counts) - sum(batches)
+
+    def _catch_up(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        if self._missing_batches and batch_idx + 1 == self._eval_batches:
+            first_row = {key: value[:1] for key, value in batch.items()}
+            for _ in range(self._missing_batches):
+                self.evaluation_collectives(first_row)
+
+    def on_validation_epoch_start(self) -> None:
+        trainer = self.trainer
+        counts = trainer.num_sanity_val_batches if trainer.sanity_checking else None
+        self._count_batches(counts or trainer.num_val_batches)
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx: int, dataloader_idx=0) -> None:
+        self._catch_up(batch, batch_idx)
+
+    def on_test_epoch_start(self) -> None:
+        self._count_batches(self.trainer.num_test_batches)
+
+    def on_test_batch_end(self, outputs, batch, batch_idx: int, dataloader_idx=0) -> None:
+        self._catch_up(batch, batch_idx)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return LazyAdam(
@@ -200,9 +249,12 @@ class SequentialRecommender(SampledModule):
         """The state at the last history position, ``[B, D]``."""
         return self.encode(batch["history"])[:, -1]
 
+    def evaluation_collectives(self, batch: dict[str, Tensor]) -> Tensor:
+        """The top-``k`` item ids ``[B, k]`` of the batch's queries."""
+        return self.head.topk(self.eval_queries(batch), self.top_k, exclude=batch.get("exclude"))[1]
+
     def _evaluate(self, batch: dict[str, Tensor], stage: str) -> None:
-        z = self.eval_queries(batch)
-        _, top = self.head.topk(z, self.top_k, exclude=batch.get("exclude"))
+        top = self.evaluation_collectives(batch)
         for key, metric in self.metrics.items():
             metric_stage, _, name = key.partition("_")
             if metric_stage == stage:
@@ -230,9 +282,13 @@ class LanguageModel(SampledModule):
         """The state at every position of the window, ``[B, T, D]``."""
         return self.encode(batch["input"])
 
+    def evaluation_collectives(self, batch: dict[str, Tensor]) -> Tensor:
+        """The exact ``log p(target)`` of every position of the batch."""
+        return self.head.log_prob(self.eval_queries(batch), batch["target"])
+
     def _evaluate(self, batch: dict[str, Tensor], metric: Perplexity, name: str) -> None:
         target = batch["target"]
-        log_prob = self.head.log_prob(self.eval_queries(batch), target)
+        log_prob = self.evaluation_collectives(batch)
         metric.update_from_log_prob(log_prob, target != self.head.ignore_index)
         self.log(name, metric, prog_bar=name.startswith("val"))
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor, nn
 
@@ -70,6 +70,14 @@ def factory_class(factory: Callable) -> type:
             if isinstance(part, type):
                 return part
     raise ValueError(f"a head or sampler must be a class or a partial of one, got {factory!r}")
+
+
+def factory_option(factory: Callable, name: str, default: Any = None) -> Any:
+    """The value a factory passes for its class's argument ``name`` (a ``functools.partial``'s
+    keyword, as a config's ``init_args`` give it), else ``default``."""
+    if isinstance(factory, functools.partial):
+        return factory.keywords.get(name, default)
+    return default
 
 
 def build_sampler(

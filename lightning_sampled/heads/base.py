@@ -22,6 +22,7 @@ from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dens
 from ..sharding import ShardMap, whole_rows
 from ..sharding.collectives import (
     all_reduce_sum,
+    as_process_group,
     check_same_on_every_rank,
     is_distributed,
     world_and_rank,
@@ -103,7 +104,8 @@ class OutputHead(nn.Module):
             process the head holds every row. Only heads whose :attr:`shardable` is true
             accept it; a sharded head owns its table (``weight`` must be ``None``; tied inputs
             read it through :meth:`embed`).
-        process_group: the group a sharded table is split over (default: the world).
+        process_group: the group a sharded table is split over (default: the world), or a
+            one-dimensional ``DeviceMesh`` (``mesh["dp"]``), whose group it is.
     """
 
     #: whether the training objective implements ``label_smoothing`` (only the full softmax does)
@@ -156,11 +158,11 @@ class OutputHead(nn.Module):
                 "an nn.Embedding"
             )
         self.sharded = sharded
-        self.process_group = process_group
+        self.process_group = as_process_group(process_group)
         #: which rank holds which rows; ``None`` while the head holds every row
         self.shard_map: ShardMap | None = None
         if weight is None:
-            weight = new_table(num_classes, dim, sharded, process_group)
+            weight = new_table(num_classes, dim, sharded, self.process_group)
         elif not isinstance(weight, nn.Parameter):
             raise ValueError(
                 f"weight must be an nn.Parameter to tie to, got {type(weight).__name__}"

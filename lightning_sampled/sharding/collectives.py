@@ -18,6 +18,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+def as_process_group(group):
+    """The process group of ``group``: a one-dimensional ``DeviceMesh`` (e.g. ``mesh["dp"]`` of
+    a larger mesh) gives its ``get_group()``; a process group or ``None`` (the world) stays."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return group.get_group() if isinstance(group, DeviceMesh) else group
+
+
 def is_distributed(group=None) -> bool:
     """Whether ``torch.distributed`` is initialised with more than one rank in ``group``."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lightning_sampled.callbacks import IndexRefresh
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
 from lightning_sampled.metrics import evaluate_ranking
 from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UniformSampler
@@ -106,12 +107,13 @@ class Recorder:
 def run_case(kind: str, options: dict, rank: int) -> dict:
     head = make_head(kind, options, sharded=True)
     if kind == "sampled" and options["sampler"] == "midx":
-        head.refresh_index()
+        IndexRefresh().refresh(head)  # each rank its own rows' index, nothing broadcast
     recorder = Recorder(head) if kind == "sampled" else None
     z, y = rank_batch(rank)
     z.requires_grad_(True)
     loss = head(z, y)
     loss.backward()
+    sampler = getattr(head, "sampler", None)
     out = {
         "loss": loss.detach(),
         "z_grad": z.grad,
@@ -119,6 +121,7 @@ def run_case(kind: str, options: dict, rank: int) -> dict:
         "bias_grad": None if head.bias is None else head.bias.grad,
         "shard_ids": head.shard_ids,
         "draws": None if recorder is None else recorder.draws,
+        "cells": sampler.class_cells if isinstance(sampler, MIDXSampler) else None,
     }
     with torch.no_grad():
         out["log_prob"] = head.log_prob(z, y)
@@ -151,6 +154,24 @@ def run_consistency(rank: int) -> torch.Tensor:
         return torch.stack([head(z, y), head.full_loss(z, y)])
 
 
+def run_on_a_mesh(rank: int) -> dict:
+    """A head split over a one-dimensional ``DeviceMesh``: its rows and a loss."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    head = make_head("full", {"process_group": init_device_mesh("cpu", (WORLD,))}, sharded=True)
+    z, y = rank_batch(rank)
+    return {"shard_ids": head.shard_ids, "loss": head(z, y).detach()}
+
+
+def run_disagreement(rank: int) -> str:
+    """The error of building a sharded head whose ``N`` differs on rank 1."""
+    try:
+        FullSoftmaxHead(N + rank, D, sharded=True)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
 def run_evaluation(rank: int) -> dict:
     head = make_head("full", {"padding_idx": 4}, sharded=True)
     batches = [rank_batch(rank, b) for b in range(2)]
@@ -169,6 +190,8 @@ def worker(rank: int, init_file: str, out: str) -> None:
         results["evaluation"] = run_evaluation(rank)
         results["tied"] = run_tied(rank)
         results["consistency"] = run_consistency(rank)
+        results["disagreement"] = run_disagreement(rank)
+        results["mesh"] = run_on_a_mesh(rank)
         torch.save(results, f"{out}{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -321,3 +344,24 @@ def test_stratified_draws_are_consistent_with_many_negatives(ranks):
     for rank in range(WORLD):
         sampled, exact = ranks[rank]["consistency"]
         assert sampled == pytest.approx(float(exact), rel=0.01)
+
+
+def test_ranks_that_disagree_on_the_table_raise_on_every_rank_instead_of_hanging(ranks):
+    for rank in range(WORLD):
+        message = ranks[rank]["disagreement"]
+        assert "the ranks disagree on the sharded head: {'num_classes': [23, 24]}" in message
+
+
+def test_a_device_mesh_splits_the_table_as_its_group_does(ranks):
+    head = make_head("full", {}, sharded=False)
+    for rank in range(WORLD):
+        got = ranks[rank]["mesh"]
+        assert got["shard_ids"].tolist() == list(range(rank, N, WORLD))
+        z, y = rank_batch(rank)
+        torch.testing.assert_close(got["loss"], head(z, y).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_index_refresh_builds_each_ranks_midx_index_from_its_own_rows(ranks):
+    cells = [ranks[rank][("sampled", "midx")]["cells"] for rank in range(WORLD)]
+    assert [c.numel() for c in cells] == [12, 11]
+    assert all(bool((c >= 0).all()) for c in cells)  # every row of the rank has a cell

@@ -2,9 +2,6 @@
 gradients (a sparse sampled head tied to a sparse embedding) trained with gradient accumulation
 and clipping, in bf16, resumed from a checkpoint, and under two-process DDP on gloo."""
 
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from ddp_sparse_train import (
     fit,
     make_trainer,
 )
+from launched_script import run_script
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -105,17 +103,7 @@ def test_two_process_ddp_with_sparse_grads_equals_one_process_on_the_whole_batch
     """``sparse``: DDP reduces the table's gradient (gloo's sparse all-reduce); ``dense``:
     ``SparseGradSync`` keeps the table out of DDP and averages it by dense collectives (the path
     that also runs on NCCL)."""
-    env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "ddp_sparse_train.py"), str(tmp_path), "2", reduction],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    errors = "".join(p.read_text() for p in tmp_path.glob("error*.txt"))
-    assert proc.returncode == 0, errors or proc.stderr[-3000:]
+    run_script(HERE / "ddp_sparse_train.py", [str(tmp_path), "2", reduction], tmp_path, "error*")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     for rank in ranks:  # the table's gradient was reduced as a sparse tensor
         assert rank["layouts"] == ["torch.sparse_coo"] * 2 * STEPS_PER_EPOCH

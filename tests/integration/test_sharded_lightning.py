@@ -2,15 +2,13 @@
 ``ShardedTables``, the tied input lookup and ``LazyAdam``: equal to one process on the whole
 batch, checkpointed, and resumed at two processes and at one."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 from ddp_sharded_train import NUM_CLASSES, ShardedToyModel, fit
+from launched_script import run_script
 
 HERE = Path(__file__).resolve().parent
 
@@ -18,18 +16,8 @@ HERE = Path(__file__).resolve().parent
 def run_ddp(out: Path, epochs: int, head: str, resume: Path | None = None) -> dict:
     """Fits in two processes (a subprocess: Lightning's launcher re-runs the script) and returns
     the checkpoint they saved."""
-    env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     args = [str(out), "2", str(epochs), head] + ([str(resume)] if resume else [])
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "ddp_sharded_train.py"), *args],
-        cwd=out.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    errors = "".join(p.read_text() for p in out.parent.glob(f"{out.name}.error*.txt"))
-    assert proc.returncode == 0, errors or proc.stderr[-3000:]
+    run_script(HERE / "ddp_sharded_train.py", args, out.parent, f"{out.name}.error*")
     return torch.load(out, weights_only=False)
 
 
