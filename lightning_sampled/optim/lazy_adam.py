@@ -181,7 +181,8 @@ class LazyAdam(torch.optim.Optimizer):
 
         Raises:
             ValueError: naming ``table_state`` when the state holds the other kind (a
-                checkpoint saved with another ``table_state`` and loaded without its groups).
+                checkpoint saved with another ``table_state`` and loaded without its groups),
+                or where its rows are not the parameter's (a checkpoint of another table).
         """
         state = self.state[param]
         dtype = _state_dtype(param, group)
@@ -200,6 +201,12 @@ class LazyAdam(torch.optim.Optimizer):
                 f"was dense): keep the table_state it was trained with"
             )
         for key in keys:
+            if state[key].shape[0] != param.shape[0]:
+                raise ValueError(
+                    f"the optimizer state {key!r} has {state[key].shape[0]} rows and its "
+                    f"parameter {param.shape[0]}: a checkpoint of another table (a whole table "
+                    f"loaded into a split one needs the ShardedTables callback to cut it)"
+                )
             if state[key].dtype != dtype:
                 state[key] = state[key].to(dtype)
         return state

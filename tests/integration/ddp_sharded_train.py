@@ -4,7 +4,8 @@
 table (``head.embed``, the tied input embedding of a sharded head), mixed by a ``Linear`` layer,
 and scored by a ``sharded=True`` head: the exact ``FullSoftmaxHead`` (``head="full"``) or a
 ``SampledSoftmaxHead`` with a MIDX proposal and row-sparse gradients (``head="midx"``, its index
-refreshed every epoch by ``IndexRefresh``). One ``LazyAdam`` steps everything; ``ShardedTables``
+refreshed every epoch by ``IndexRefresh``, its table stepped by ``LazyAdam``'s row-wise Adagrad).
+One ``LazyAdam`` steps everything; ``ShardedTables``
 splits the head when Lightning has started the process group.
 
 Run as a script (Lightning's DDP launcher re-runs it once per extra rank):
@@ -55,7 +56,9 @@ class ShardedToyModel(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return LazyAdam(self.parameters(), lr=self.hparams.lr)
+        # the sampled head's row-sparse table takes the row-wise option (one number per row)
+        lean = {} if self.hparams.head == "full" else {"table_state": "row_wise_adagrad"}
+        return LazyAdam(self.parameters(), lr=self.hparams.lr, **lean)
 
     @torch.no_grad()
     def exact_loss(self) -> float:

@@ -49,11 +49,21 @@ def test_two_processes_equal_one_and_resume_at_two_and_at_one(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_sharded_midx_head_trains_with_an_index_per_rank(tmp_path):
-    saved = run_ddp(tmp_path / "midx.ckpt", 3, "midx")
+def test_a_sharded_midx_head_with_row_wise_state_trains_and_resumes_at_two_and_at_one(tmp_path):
+    saved = run_ddp(tmp_path / "midx.ckpt", 2, "midx")
     assert not any(k.startswith("head.sampler.") for k in saved["state_dict"])
-    model = ShardedToyModel("midx")
+    row_wise = [s for s in saved["optimizer_states"][0]["state"].values() if "row_sum_sq" in s]
+    assert [s["row_sum_sq"].shape for s in row_wise] == [(NUM_CLASSES,)]  # gathered whole
     L.seed_everything(0, verbose=False)
     before = ShardedToyModel("midx").exact_loss()
+    model = ShardedToyModel("midx")
     model.load_state_dict(saved["state_dict"])
     assert model.exact_loss() < 0.8 * before
+
+    at_two = run_ddp(tmp_path / "midx3.ckpt", 3, "midx", resume=tmp_path / "midx.ckpt")
+    at_one = fit(devices=1, epochs=3, head="midx", resume=str(tmp_path / "midx.ckpt"))
+    for resumed in (at_two["state_dict"], at_one.lightning_module.state_dict()):
+        moved = (resumed["head.weight"] - saved["state_dict"]["head.weight"]).abs().max()
+        assert moved > 0  # a third epoch trained on from the checkpoint
+    state = at_one.optimizers[0].state[at_one.lightning_module.head.weight]
+    assert state["row_sum_sq"].shape == (NUM_CLASSES,) and float(state["step"]) > 0

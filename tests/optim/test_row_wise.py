@@ -318,3 +318,18 @@ def test_a_sparse_gradient_with_two_sparse_dims_is_refused_naming_sparse_dim(tab
     with pytest.raises(ValueError, match="sparse_dim 2"):
         LazyAdam([table], table_state=table_state).step()
     assert torch.equal(table, torch.zeros(4, 3))
+
+
+@pytest.mark.parametrize("table_state", ["adam", "row_wise_adagrad"])
+def test_state_of_another_tables_rows_is_refused_not_indexed(table_state):
+    """A whole table's state loaded for one rank's rows (a split table without ShardedTables)."""
+    whole = nn.Parameter(torch.zeros(10, 3))
+    whole.grad = torch.ones(10, 3).to_sparse(1)
+    saved = LazyAdam([whole], table_state=table_state)
+    saved.step()
+    rows = nn.Parameter(torch.zeros(5, 3))
+    optimizer = LazyAdam([rows], table_state=table_state)
+    optimizer.load_state_dict(saved.state_dict())
+    rows.grad = torch.ones(5, 3).to_sparse(1)
+    with pytest.raises(ValueError, match="has 10 rows and its parameter 5"):
+        optimizer.step()
