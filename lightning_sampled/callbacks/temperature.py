@@ -163,6 +163,29 @@ class TemperatureSchedule(pl.Callback):
         self.value, self.clock = value, clock
         return value
 
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Checks that every target takes the schedule's values before the first step, not
+        when the schedule reaches a bad one ``total`` steps later: the values lie between
+        ``start`` and ``end`` (every schedule is monotone), so both ends are set and the
+        attribute restored.
+
+        Raises:
+            ValueError: naming the schedule, the end and the module that refuses it.
+        """
+        for module in self.targets(pl_module):
+            current = getattr(module, self.attribute)
+            try:
+                for name, value in (("start", self.start), ("end", self.end)):
+                    try:
+                        setattr(module, self.attribute, value)
+                    except ValueError as error:
+                        raise ValueError(
+                            f"TemperatureSchedule({self.log_name}): {name}={value!r} is refused "
+                            f"by {type(module).__name__}: {error}"
+                        ) from error
+            finally:
+                setattr(module, self.attribute, current)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A run resumed mid-epoch gets no on_train_epoch_start for that epoch.
         self._apply(trainer, pl_module)

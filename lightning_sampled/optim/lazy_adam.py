@@ -139,14 +139,16 @@ class LazyAdam(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict) -> None:
-        """Fills the lean-state options of groups saved before they existed (an older
-        checkpoint): this optimizer's defaults, ``"adam"`` in fp32 where it has none."""
+        """Fills the options that saved groups lack with this optimizer's defaults: the
+        lean-state options of a checkpoint older than them (``"adam"`` in fp32 where this
+        optimizer has none either), and ``weight_decay`` of a ``torch.optim.SparseAdam``
+        state dict (whose state, step count and two moments, ``LazyAdam`` continues)."""
         super().__setstate__(state)
         fallback = dict(table_state="adam", table_lr=1e-2, state_dtype=torch.float32)
-        defaults = getattr(self, "defaults", {})
+        defaults = {**fallback, **getattr(self, "defaults", {})}
         for group in self.param_groups:
-            for key, value in fallback.items():
-                group.setdefault(key, defaults.get(key, value))
+            for key, value in defaults.items():
+                group.setdefault(key, value)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """``torch.optim.Optimizer.load_state_dict``, keeping every state tensor's saved dtype:

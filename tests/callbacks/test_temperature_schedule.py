@@ -187,3 +187,17 @@ def test_bad_arguments_raise():
         TemperatureSchedule("not a name", start=1.0)
     with pytest.raises(ValueError, match="module_path"):
         TemperatureSchedule(TAU, start=1.0, module_path="")
+
+
+def test_an_end_value_the_head_refuses_fails_at_fit_start_not_total_steps_later(tmp_path):
+    """Issue 32, item 10: a linear schedule to temperature 0 used to fail at the step where it
+    reached 0; now before the first step, and the attribute is left as it was."""
+    schedule = TemperatureSchedule(
+        "temperature", start=1.0, end=0.0, schedule="linear", total=10**6
+    )
+    model = TinyModel()
+    with pytest.raises(ValueError, match=r"TemperatureSchedule\(temperature\): end=0.0 is refused"):
+        schedule.on_fit_start(None, model)
+    assert model.head.temperature == 1.0
+    with pytest.raises(ValueError, match="end=0.0 is refused by TapasHead"):
+        fit(schedule, tmp_path, max_steps=2)

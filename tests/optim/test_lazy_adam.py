@@ -356,3 +356,27 @@ def test_a_tied_dense_embedding_warns_once_naming_it():
 
 def test_a_tied_sparse_embedding_does_not_warn():
     assert tied_steps(sparse_embedding=True) == []
+
+
+def test_a_sparse_adam_state_dict_loads_and_lazy_adam_continues_its_steps():
+    """Issue 32, item 12: SparseAdam's groups lack ``weight_decay`` (a KeyError at the next step
+    before); its step counts and moments are LazyAdam's own, so the steps go on alike."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(6, (1, 4), generator=g) for _ in range(5)]
+    grads = [torch.sparse_coo_tensor(r, torch.randn(4, 3, generator=g), (6, 3)) for r in rows]
+    theirs = nn.Parameter(torch.randn(6, 3, generator=g))
+    ours = nn.Parameter(theirs.detach().clone())
+    sparse_adam = torch.optim.SparseAdam([theirs], lr=0.1)
+    for grad in grads[:2]:
+        theirs.grad = grad.clone()
+        sparse_adam.step()
+    lazy = LazyAdam([ours], lr=0.5, weight_decay=0.0)
+    with torch.no_grad():
+        ours.copy_(theirs)
+    lazy.load_state_dict(sparse_adam.state_dict())
+    assert lazy.param_groups[0]["lr"] == 0.1 and lazy.param_groups[0]["weight_decay"] == 0.0
+    for grad in grads[2:]:
+        theirs.grad, ours.grad = grad.clone(), grad.clone()
+        sparse_adam.step()
+        lazy.step()
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
