@@ -311,10 +311,15 @@ def test_bad_lean_options_raise_value_error_naming_them(kwargs, name):
         LazyAdam([{"params": [nn.Parameter(torch.zeros(2))], **kwargs}])
 
 
+@pytest.mark.parametrize("nonzeros", ["every entry", "one entry"])
 @pytest.mark.parametrize("table_state", ["adam", "row_wise_adagrad"])
-def test_a_sparse_gradient_with_two_sparse_dims_is_refused_naming_sparse_dim(table_state):
+def test_a_sparse_gradient_with_two_sparse_dims_is_refused_naming_sparse_dim(table_state, nonzeros):
+    """Issue 32, item 2: an element-sparse gradient (``sparse * param`` gives one) crashed with
+    several non-zeros and, with one, moved its whole row by ``-lr``; now it is refused."""
     table = nn.Parameter(torch.zeros(4, 3))
-    table.grad = torch.ones(4, 3).to_sparse(2)
+    grad = torch.ones(4, 3) if nonzeros == "every entry" else torch.zeros(4, 3)
+    grad[1, 2] = 1.0
+    table.grad = grad.to_sparse(2)
     with pytest.raises(ValueError, match="sparse_dim 2"):
         LazyAdam([table], table_state=table_state).step()
     assert torch.equal(table, torch.zeros(4, 3))
