@@ -429,7 +429,11 @@ class CaneHead(ProposalHead):
         if width < k:
             raise ValueError(f"beam must be >= k={k}, got {beam}")
         queries = self.score_queries(z.reshape(-1, self.dim))
-        values, indices = self.search(queries, k, width)
+        if queries.shape[0] == 0:  # no query: empty results, as topk gives
+            values = queries.new_empty(0, k, dtype=torch.float32)
+            indices = torch.empty(0, k, dtype=torch.long, device=queries.device)
+        else:
+            values, indices = self.search(queries, k, width)
         return values.reshape(*z.shape[:-1], k), indices.reshape(*z.shape[:-1], k)
 
     # -- training ---------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ class Sampler(nn.Module):
             query-independent. The padding class gets ``-inf``.
         """
         check_class_ids("ids", ids, self.num_classes)
+        check_ids_per_query(z, ids)
         return self._log_prob(z, ids)
 
     def sample_and_score(
@@ -154,6 +155,7 @@ class Sampler(nn.Module):
         """
         generator = self._check_draw(z, num_samples, shared, generator)
         check_class_ids("ids", ids, self.num_classes)
+        check_ids_per_query(z, ids)
         return self._sample_and_score(z, num_samples, ids, shared, generator)
 
     def _check_draw(
@@ -163,6 +165,8 @@ class Sampler(nn.Module):
         check_positive_int("num_samples", num_samples)
         if z.dim() != 2:
             raise ValueError(f"z must be [B, D], got shape {tuple(z.shape)}")
+        if not z.is_floating_point():
+            raise ValueError(f"z must be a floating-point [B, D] tensor of queries, got {z.dtype}")
         if shared and not self.query_independent:
             raise ValueError(
                 f"shared negatives need a query-independent proposal; {type(self).__name__} "
@@ -213,3 +217,13 @@ def lookup(table: Tensor, ids: Tensor) -> Tensor:
     """``table[ids]`` for a 1-D ``table`` and long ``ids`` of any shape, by ``index_select``:
     on CPU 2.5-6x faster than advanced indexing for a draw's ``[B, M]`` ids."""
     return table.index_select(0, ids.reshape(-1)).view(ids.shape)
+
+
+def check_ids_per_query(z: Tensor, ids: Tensor) -> None:
+    """``ValueError`` unless per-query ``ids`` ``[B, K]`` have one row per query of ``z``
+    ``[B, D]`` (shared ``ids`` ``[K]`` fit any batch)."""
+    if ids.dim() == 2 and (z.dim() != 2 or ids.shape[0] != z.shape[0]):
+        raise ValueError(
+            f"ids [B, K] must have one row per query of z [B, D], got ids of shape "
+            f"{tuple(ids.shape)} and z of shape {tuple(z.shape)}"
+        )
