@@ -40,6 +40,7 @@ from torch import nn
 
 from ..protocols import IndexStats, Refreshable, ShardedTable
 from ..samplers import Sampler
+from ..sharding.collectives import is_distributed
 
 
 class IndexRefresh(Callback):
@@ -132,7 +133,7 @@ class IndexRefresh(Callback):
         targets = refresh_targets(root)
         if not targets:
             rank_zero_warn("IndexRefresh found no submodule with a refresh_index() method")
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        distributed = is_distributed()
         for _, module in targets:
             own_rows = isinstance(module, ShardedTable) and module.is_split
             if not distributed or own_rows or dist.get_rank() == 0:

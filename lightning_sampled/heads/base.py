@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._deprecation import renamed_attribute
+from .._random import rank_generator
 from .._validation import (
     check_class_ids,
     check_finite_number,
@@ -101,9 +102,9 @@ class OutputHead(nn.Module):
             initialised with several ranks (at the end of the head's ``__init__``, which builds
             only this rank's rows), else at :meth:`shard` (which the
             :class:`~lightning_sampled.callbacks.ShardedTables` callback calls at setup); in one
-            process the head holds every row. Only heads whose :attr:`shardable` is true
-            accept it; a sharded head owns its table (``weight`` must be ``None``; tied inputs
-            read it through :meth:`embed`).
+            process the head holds every row. Only heads whose :attr:`sharding_refusal` is
+            ``None`` accept it; a sharded head owns its table (``weight`` must be ``None``;
+            tied inputs read it through :meth:`embed`).
         process_group: the group a sharded table is split over (default: the world), or a
             one-dimensional ``DeviceMesh`` (``mesh["dp"]``), whose group it is.
     """
@@ -300,7 +301,7 @@ class OutputHead(nn.Module):
         gradients with :attr:`sparse_grad`. On a split table the rows are looked up where they
         live (:func:`~lightning_sampled.heads.sharded.sharded_embed`, a collective) and the
         padding class gives zeros."""
-        check_class_ids("ids", ids[ids >= 0] if self.padding_idx is None else ids, self.num_classes)
+        check_class_ids("ids", ids, self.num_classes)
         if self.is_split:
             return sharded_embed(self, ids)
         rows = F.embedding(ids, self.weight, sparse=self.sparse_grad)
@@ -733,15 +734,15 @@ class MeanOverRanks:
 
 def new_table(num_classes: int, dim: int, sharded: bool, group) -> nn.Parameter:
     """A new class table ``U(-1 / sqrt(D), 1 / sqrt(D))``: ``[N, D]``, or only this rank's
-    ``[N_r, D]`` rows when ``sharded`` under ``torch.distributed``, drawn from a generator
-    seeded by torch's global one (alike on every rank) plus the rank, so that the ranks' rows
-    differ and a run stays repeatable."""
+    ``[N_r, D]`` rows when ``sharded`` under ``torch.distributed``, drawn from this rank's
+    stream (:func:`~lightning_sampled._random.rank_generator`), so that the ranks' rows differ
+    and a run stays repeatable."""
     bound = 1.0 / math.sqrt(dim)
     if not (sharded and is_distributed(group)):
         return nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound))
     world, rank = world_and_rank(group)
     rows = ShardMap(num_classes, world, rank).num_local()
-    generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())) + rank)
+    generator = rank_generator(torch.device("cpu"))
     return nn.Parameter(torch.empty(rows, dim).uniform_(-bound, bound, generator=generator))
 
 

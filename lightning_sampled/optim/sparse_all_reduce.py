@@ -12,8 +12,9 @@ numbers per rank, whatever the table's ``N``.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
+
+from ..sharding.collectives import all_gather_padded, gathered_sizes
 
 
 def all_reduce_row_sparse(table: Tensor, group=None) -> Tensor | None:
@@ -36,23 +37,11 @@ def all_reduce_row_sparse(table: Tensor, group=None) -> Tensor | None:
         ValueError: a sparse gradient with more than one sparse dimension.
     """
     ids, rows = local_rows(table)
-    world = dist.get_world_size(group)
-    counts = [torch.zeros(1, dtype=torch.long, device=ids.device) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([ids.numel()], device=ids.device), group=group)
-    sizes = [int(c) for c in counts]
-    longest = max(sizes)
-    if longest == 0:
+    sizes = gathered_sizes(ids.numel(), ids.device, group)
+    if max(sizes) == 0:
         return None
-    padded_ids = ids.new_zeros(longest)
-    padded_ids[: ids.numel()] = ids
-    padded_rows = rows.new_zeros(longest, table.shape[1])
-    padded_rows[: ids.numel()] = rows
-    all_ids = [torch.empty_like(padded_ids) for _ in range(world)]
-    all_rows = [torch.empty_like(padded_rows) for _ in range(world)]
-    dist.all_gather(all_ids, padded_ids, group=group)
-    dist.all_gather(all_rows, padded_rows, group=group)
-    ids = torch.cat([i[:n] for i, n in zip(all_ids, sizes, strict=True)])
-    rows = torch.cat([r[:n] for r, n in zip(all_rows, sizes, strict=True)]).div_(world)
+    ids = torch.cat(all_gather_padded(ids, sizes, group))
+    rows = torch.cat(all_gather_padded(rows, sizes, group)).div_(len(sizes))
     return torch.sparse_coo_tensor(ids[None, :], rows, table.shape).coalesce()
 
 
