@@ -1,7 +1,20 @@
 """Samplers with controlled draws, shared by the head tests (importable: ``tests`` is on the
-pytest ``pythonpath``)."""
+pytest ``pythonpath``), and :func:`restart_draws`, which makes two calls draw alike."""
 
-from lightning_sampled.samplers import Sample, Sampler
+import torch
+
+from lightning_sampled.samplers import DrawStream, Sample, Sampler
+
+
+def restart_draws(module, seed: int = 1) -> None:
+    """Restarts torch's global generator and the draw stream of every sampler in ``module`` (a
+    head, a sampler, or any module holding them) from ``seed``: what is drawn after one restart
+    is drawn again after the next. Samplers draw from their own streams, not from torch's global
+    generator, so ``torch.manual_seed`` alone no longer repeats their draws."""
+    torch.manual_seed(seed)
+    for sub in module.modules():
+        if isinstance(sub, Sampler):
+            sub.draw_stream = DrawStream(seed)
 
 
 class Stream(Sampler):

@@ -1,13 +1,15 @@
 """A check shared by the heads' tests: queries in any float dtype are scored like fp32 ones."""
 
 import torch
+from fake_samplers import restart_draws
 
 
 def assert_scored_like_fp32(head, dtype: torch.dtype, batch: int = 8):
     """Half-precision ``z`` is scored in fp32 (fp64 ``z`` in fp64): the loss of ``head`` equals
     the loss of the same values in fp32 to within 1e-6, where a bf16 / fp16 product (logit
     errors ~1e-3) would not, and the gradient comes back in ``z``'s dtype. Both losses see the
-    same draws (the global generator is reseeded before each).
+    same draws (torch's global generator and the samplers' draw streams are restarted before
+    each, :func:`fake_samplers.restart_draws`).
 
     Returns:
         ``(z, z32, y)``: the queries ``[batch, D]`` in ``dtype`` and in fp32, and the targets.
@@ -15,9 +17,9 @@ def assert_scored_like_fp32(head, dtype: torch.dtype, batch: int = 8):
     z = (3 * torch.randn(batch, head.dim)).to(dtype).requires_grad_()
     z32 = z.detach().float().requires_grad_()
     y = torch.randint(head.num_classes, (batch,))
-    torch.manual_seed(1)
+    restart_draws(head, 1)
     loss = head(z, y)
-    torch.manual_seed(1)
+    restart_draws(head, 1)
     want = head(z32, y)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)

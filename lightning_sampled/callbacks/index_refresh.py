@@ -4,7 +4,8 @@ An index (MIDX's codebooks and cells, a class tree, ...) goes stale as the class
 submodule with a ``refresh_index()`` method (heads with an index implement one) is rebuilt before
 the first training batch, then at doubling step intervals early in training (steps 50, 100, 200,
 400, ... by default), every ``every_n_epochs`` epochs (at the first batch of the epoch) and / or
-every ``every_n_train_steps`` optimizer steps.
+every ``every_n_train_steps`` optimizer steps. An index that was never built is also built when
+validation, testing or prediction starts (``trainer.validate`` on a fresh model, the sanity check).
 
 Why the doubling default: the class table moves fastest in the first few hundred steps, when an
 index built from the random initial table proposes nearly uniform negatives; with only a
@@ -48,7 +49,8 @@ class IndexRefresh(Callback):
 
     Logs ``index_refresh/seconds`` and, for every submodule with ``index_stats()`` (e.g.
     :class:`~lightning_sampled.samplers.MIDXSampler`), ``index_refresh/<module path>/<stat>``
-    (quantisation MSE, non-empty cells, largest cell).
+    (quantisation MSE, non-empty cells, largest cell), once per refresh, at its global step, to
+    the trainer's loggers (rank 0's, as Lightning's loggers do).
 
     Args:
         every_n_epochs: refresh at the start of every epoch divisible by this; ``None`` for never
@@ -94,15 +96,35 @@ class IndexRefresh(Callback):
                 "time)"
             )
 
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._build_missing(pl_module)
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._build_missing(pl_module)
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._build_missing(pl_module)
+
+    def _build_missing(self, pl_module: pl.LightningModule) -> None:
+        """Builds the indexes now if one was never built (``trainer.validate`` on a fresh
+        model, the sanity check before training, a validation step that computes a sampled
+        loss). The schedule is left as it is: the first training batch still refreshes, so the
+        training clock of a fresh run includes its first build."""
+        if unbuilt_indexes(pl_module):
+            self.refresh(pl_module)
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._due(trainer.current_epoch, trainer.global_step):
             seconds, stats = self.refresh(pl_module)
             self.last_epoch, self.last_step = trainer.current_epoch, trainer.global_step
-            pl_module.log("index_refresh/seconds", seconds, on_step=True, on_epoch=False)
-            for name, value in stats.items():
-                pl_module.log(f"index_refresh/{name}", value, on_step=True, on_epoch=False)
+            metrics = {"index_refresh/seconds": seconds}
+            metrics.update({f"index_refresh/{name}": value for name, value in stats.items()})
+            # straight to the loggers, once: a LightningModule.log of a step metric would be
+            # logged again with the same value at every later step until the next refresh
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
 
     def _due(self, epoch: int, step: int) -> bool:
         if self.last_step is None:
@@ -176,6 +198,12 @@ def refresh_targets(root: nn.Module) -> list[tuple[str, nn.Module]]:
             continue
         found.append((name, module))
     return found
+
+
+def unbuilt_indexes(root: nn.Module) -> list[str]:
+    """Paths of the submodules of ``root`` whose index was never built (an ``is_built``
+    attribute that is ``False``, as :class:`~lightning_sampled.samplers.MIDXSampler` has)."""
+    return [name for name, module in root.named_modules() if not getattr(module, "is_built", True)]
 
 
 def trained_samplers(root: nn.Module) -> list[str]:

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._class_ids import padding_to_rank, skip_padding
-from .._random import rank_generator
 from .._validation import check_positive_int
 from ..samplers import Sampler
 from .chunked import class_chunks
@@ -120,7 +119,7 @@ class OneVsEachHead(ProposalHead):
         if self.exclude_target:
             num_others = self.sampler.num_drawable - 1
             device = target.device
-            generator = rank_generator(device) if self.sampler.rank_offset else None
+            generator = self.sampler.draw_generator(device)
             if self.replacement:
                 ranks = torch.randint(num_others, (num_rows, m), device=device, generator=generator)
             else:

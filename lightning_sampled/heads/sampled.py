@@ -50,10 +50,12 @@ CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 
 
 class BatchProposal(NamedTuple):
-    """In-batch negatives' proposal for one batch: ``q_b`` and the draws per query (``T - 1``)."""
+    """In-batch negatives' proposal for one batch: ``q_b``, the draws per query (``T - 1``) and
+    the batch's targets (long ``[T]``), which floor ``q_b`` (:meth:`TargetFrequency.log_prob`)."""
 
     frequency: TargetFrequency
     num_draws: int
+    targets: Tensor
 
 
 class SampledSoftmaxHead(ProposalHead):
@@ -212,14 +214,14 @@ class SampledSoftmaxHead(ProposalHead):
         elif not frequency.ready:
             counts = torch.bincount(target, minlength=self.num_classes)
             frequency = TargetFrequency(self.num_classes, counts=counts)
-        return BatchProposal(frequency, target.numel() - 1)
+        return BatchProposal(frequency, target.numel() - 1, target)
 
     def _log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
         """``log(M q(ids))``, or with in-batch negatives the mixture's
         ``log(M q + (T - 1) q_b)``, of candidate ids ``[M]``, ``[T, M]`` or ``[T]``."""
         if batch is None:
             return math.log(self.num_negatives) + log_q
-        log_q_batch = batch.frequency.log_prob(ids)
+        log_q_batch = batch.frequency.log_prob(ids, batch.targets)
         return log_mixture_size(log_q, self.num_negatives, log_q_batch, batch.num_draws)
 
     def _corrected(

@@ -5,18 +5,27 @@ A sampler decides *which* classes a sampled head looks at; it never knows which 
 apply the ``o_i - log(M * q_i)`` correction (``docs/architecture.md``) without knowing the sampler.
 
 Under DDP every rank holds the same index (``IndexRefresh`` builds it on rank 0 and broadcasts it)
-but draws its own negatives: see :func:`rank_generator`.
+but draws its own negatives. Every sampler draws from a stream of its own
+(:class:`~lightning_sampled._random.DrawStream`), saved in its ``state_dict``: a model resumed
+from a checkpoint draws the uninterrupted run's negatives without any callback.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .._random import rank_generator
+from .._random import DrawStream
 from .._validation import check_class_ids, check_padding_idx, check_positive_int
+
+
+def _keep_stream_of_older_checkpoints(
+    module: Sampler, state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:
+    """A checkpoint from before samplers had their own stream loads, keeping the current one."""
+    state_dict.setdefault(prefix + "_extra_state", module.get_extra_state())
 
 
 class Sample(NamedTuple):
@@ -39,9 +48,19 @@ class Sampler(nn.Module):
     ``query_independent`` samplers (uniform, unigram, ...) ignore ``z`` and can share one set of
     draws across a batch; adaptive ones (MIDX, ...) cannot.
 
-    Under ``torch.distributed`` each rank draws from its own stream (:func:`rank_generator`);
-    set the attribute ``rank_offset = False`` on an instance for the same draws on every rank
-    (with shared negatives, a DDP step then equals one process on the ranks' batches together).
+    **Random draws.** A sampler draws from its own :class:`~lightning_sampled._random.DrawStream`
+    (seeded from torch's global generator when the sampler is made), not from torch's global
+    generator: a data loader's shuffle or a dropout mask does not change the negatives, and the
+    stream's state (two integers) is the ``_extra_state`` entry of the sampler's ``state_dict``,
+    so a model loaded from a checkpoint continues the stream exactly. Under ``torch.distributed``
+    each rank draws from its own part of the stream; set the attribute ``rank_offset = False`` on
+    an instance for the same draws on every rank (with shared negatives, a DDP step then equals
+    one process on the ranks' batches together). Either way the ranks must build their samplers
+    after seeding alike (``seed_everything`` does), so that the streams share their seed.
+    Compiled code (``torch.compile``) draws from torch's default generator instead, since dynamo
+    cannot trace a ``torch.Generator``; set ``own_stream = False`` on an instance for eager code
+    to do the same (every rank then draws alike, and only
+    :class:`~lightning_sampled.callbacks.RNGCheckpoint` restores the draws).
 
     Args:
         num_classes: the number of classes ``N``.
@@ -50,11 +69,14 @@ class Sampler(nn.Module):
 
     query_independent: bool = False
     rank_offset: bool = True
+    own_stream: bool = True
 
     def __init__(self, num_classes: int, *, padding_idx: int | None = None) -> None:
         super().__init__()
         self.num_classes = check_positive_int("num_classes", num_classes)
         self.padding_idx = check_padding_idx(padding_idx, num_classes)
+        self.draw_stream = DrawStream()
+        self.register_load_state_dict_pre_hook(_keep_stream_of_older_checkpoints)
 
     @property
     def num_drawable(self) -> int:
@@ -103,10 +125,9 @@ class Sampler(nn.Module):
                 device and dtype).
             num_samples: ``M``, draws per query (or per batch when ``shared``).
             shared: draw one set ``[M]`` for the whole batch; needs a query-independent proposal.
-            generator: a ``torch.Generator`` on ``z``'s device for reproducible draws. ``None``:
-                torch's default generator in a single process; under ``torch.distributed`` with
-                several processes, this rank's own stream (:func:`rank_generator`), so that the
-                ranks draw different negatives (unless ``rank_offset`` is ``False``).
+            generator: a ``torch.Generator`` on ``z``'s device to draw with. ``None``: the
+                sampler's own stream (:meth:`draw_generator`), different on each rank (unless
+                ``rank_offset`` is ``False``).
 
         Returns:
             ``Sample(ids, log_q)`` with shapes ``[B, M]`` (or ``[M]`` when ``shared``).
@@ -172,9 +193,24 @@ class Sampler(nn.Module):
                 f"shared negatives need a query-independent proposal; {type(self).__name__} "
                 f"adapts to each query: use shared_negatives=False"
             )
-        if generator is None and self.rank_offset:
-            return rank_generator(z.device)
-        return generator
+        return self.draw_generator(z.device) if generator is None else generator
+
+    def draw_generator(self, device: torch.device) -> torch.Generator | None:
+        """The generator of the next draw on ``device`` from the sampler's own stream (advances
+        it); ``None`` (torch's default generator) under ``torch.compile`` or when
+        ``own_stream`` is ``False``. Heads that draw ids themselves (CANE's noise, One-vs-Each's
+        others) take theirs from here too."""
+        if not self.own_stream:
+            return None
+        return self.draw_stream.generator(device, per_rank=self.rank_offset)
+
+    def get_extra_state(self) -> dict[str, int]:
+        """The state of the sampler's draw stream, ``{"seed", "draws"}``."""
+        return self.draw_stream.state()
+
+    def set_extra_state(self, state: Any) -> None:
+        """Continues the draw stream from :meth:`get_extra_state`'s state."""
+        self.draw_stream.load(state)
 
     def refresh(self, class_embeddings: Tensor) -> None:
         """Rebuilds index buffers from the ``[N, D]`` class table; a no-op for static samplers."""

@@ -85,8 +85,24 @@ class TargetFrequency(nn.Module):
         ``total`` back: a host sync)."""
         return float(self.total) > 0.0
 
-    def log_prob(self, ids: Tensor) -> Tensor:
+    def log_prob(self, ids: Tensor, batch: Tensor | None = None) -> Tensor:
         """``log q_b`` (fp32) of class ids of any shape; ``-inf`` for a class not seen yet.
+
+        ``batch``, the targets drawn from ``q_b`` now (those that serve as in-batch
+        negatives), floors the estimate of the classes in it, so that none gets ``q_b = 0``,
+        whose correction ``-log((T - 1) q_b)`` is an infinite logit (a class missing from fixed
+        ``counts``, one seen only in evaluation, one whose estimate decayed to nothing). A class
+        found ``n_j`` times among the batch's ``T`` targets gets its share once they are counted,
+        ``w n_j / (total + w T)``, with ``w`` the weight of one target:
+
+        - moving averages: ``w = decay``, and the floor applies wherever it exceeds the
+          estimate. In training mode the batch is already counted and it changes nothing;
+        - fixed ``counts``: ``w`` is the smallest positive count (one occurrence, whatever the
+          counts' scale), and only classes of count 0 are floored: the counts given stay as
+          given.
+
+        Like the estimate, the floor tends to the class's true share as the counted targets grow,
+        so the correction stays consistent.
 
         No host sync on CUDA (the check below is then ``torch._assert_async``).
 
@@ -105,7 +121,24 @@ class TargetFrequency(nn.Module):
         if not self.fixed:
             stale = (self.step - self.last_step.index_select(0, flat)).double()
             count = count * (1.0 - self.decay) ** stale
-        return (count.log() - self.total.log()).float().view(ids.shape)
+        log_q = count.log() - self.total.log()
+        if batch is not None:
+            log_q = self._log_floor(flat, batch, log_q)
+        return log_q.float().view(ids.shape)
+
+    def _log_floor(self, ids: Tensor, batch: Tensor, log_q: Tensor) -> Tensor:
+        """``log q_b`` fp64 of flat ``ids`` with the floor of :meth:`log_prob` from ``batch``."""
+        check_class_ids("batch", batch, self.num_classes)
+        targets = batch.reshape(-1).to(self.count.device).sort().values
+        found = torch.searchsorted(targets, ids, right=True) - torch.searchsorted(targets, ids)
+        if self.fixed:
+            weight = self.count.masked_fill(self.count == 0, torch.inf).amin()
+        else:
+            weight = torch.tensor(self.decay, dtype=torch.float64, device=self.count.device)
+        floor = (weight * found).log() - (self.total + weight * targets.numel()).log()
+        if self.fixed:
+            return torch.where(self.count.index_select(0, ids) == 0, floor, log_q)
+        return torch.maximum(log_q, floor)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, decay={self.decay}, fixed={self.fixed}"

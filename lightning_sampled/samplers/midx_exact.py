@@ -82,11 +82,7 @@ def draw_exact(
         :class:`Sample` of ids ``[B, M]`` and their ``log Q`` ``[B, M]``.
     """
     k = log_weights.shape[-1]
-    # P2(. | k1) up to its normaliser (the draw normalises each row); rows without a class
-    # (log_psi = -inf) stay all zero instead of -inf - -inf = NaN.
-    log_psi = logits.log_psi.nan_to_num(neginf=0.0)
-    p2 = (log_weights + logits.s2[:, None, :] - log_psi[:, :, None]).exp()
-    k2 = inverse_cdf_in_row(p2, k1, u)
+    k2 = inverse_cdf_in_row(log_second_stage(logits.s2, log_weights).exp(), k1, u)
     ids = _residual_softmax_in_cell(
         cells, class_cells, k1 * k + k2, u_cell, residual_logits, log_weights
     )
@@ -133,9 +129,32 @@ def score_exact(
     batch = ids.shape[0]
     cells = class_cells[ids]
     safe = cells.clamp(min=0)
-    k1, k2 = safe // k, safe % k
+    k1 = safe // k
     log_omega = log_weights.expand(batch, k, k).reshape(batch, -1).gather(1, safe)
     log_p1 = logits.log_p1.gather(1, k1)
-    log_p2 = log_omega + logits.s2.gather(1, k2) - logits.log_psi.gather(1, k1)
+    log_p2 = log_second_stage(logits.s2, log_weights).reshape(batch, -1).gather(1, safe)
     log_p3 = residual_logits.gather(1, ids) - log_omega
-    return (log_p1 + log_p2 + log_p3).masked_fill(cells < 0, -math.inf)
+    log_q = (log_p1 + log_p2 + log_p3).float()
+    return log_q.masked_fill(cells < 0, -math.inf)
+
+
+def log_second_stage(s2: Tensor, log_weights: Tensor) -> Tensor:
+    """``log P2(k2 | k1)`` fp64 ``[B, K, K]``: each row ``k1`` a log-softmax of
+    ``s2[k2] + log omega[k1, k2]`` over its cells (``-inf`` for empty cells and whole rows).
+
+    Each row is shifted by its own largest ``s2`` before ``log omega`` is added, in fp64. With
+    the query's single shift instead (that of :class:`CodewordLogits`), a row whose cells all
+    sit far below the best codeword (a class row of norm 1e9 owning that codeword) adds
+    ``log omega`` to ``s2 ~ -1e8``, where fp32 rounds it away: the row's ``P2`` would not sum to
+    one, and ``log Q`` would not be normalised.
+
+    Args:
+        s2: ``[B, K]`` shifted second-codebook logits (``-inf`` for codewords of no class).
+        log_weights: ``[B, K, K]`` the cells' ``log omega`` (``-inf`` for empty cells).
+    """
+    live = log_weights > -math.inf
+    x = s2.double()[:, None, :].masked_fill(~live, -math.inf)
+    row_max = x.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)
+    a = (x - row_max) + log_weights.double()
+    row_norm = torch.logsumexp(a, dim=-1, keepdim=True)
+    return a - row_norm.masked_fill(row_norm == -math.inf, 0.0)

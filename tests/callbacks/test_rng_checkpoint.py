@@ -22,6 +22,7 @@ def test_state_dict_round_trip_repeats_every_generator():
     callback = RNGCheckpoint()
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     state = callback.state_dict()
+    assert len(state["ranks"]) == 1  # one process: its own states
     first = draws()
     assert draws() != first
     callback.load_state_dict(state)
@@ -41,7 +42,8 @@ def test_state_dict_round_trip_repeats_cuda_draws():
 
 
 class SampledModel(pl.LightningModule):
-    """A linear encoder and a sampled head drawing uniform negatives from the global generator."""
+    """A linear encoder and a sampled head (its negatives come from the sampler's own stream;
+    the shuffle of the plain ``DataLoader`` from torch's global generator)."""
 
     def __init__(self):
         super().__init__()
@@ -81,7 +83,9 @@ def test_resume_draws_the_uninterrupted_negatives_only_with_the_callback(tmp_pat
     fit(tmp_path / "first", 1, callbacks())
     (ckpt,) = (tmp_path / "first").rglob("*.ckpt")
     resumed = fit(tmp_path / "resumed", 2, callbacks(), str(ckpt))
-    same = all(torch.equal(straight[k], resumed[k]) for k in straight)
+    same = all(
+        torch.equal(v, resumed[k]) for k, v in straight.items() if isinstance(v, torch.Tensor)
+    )
     assert same == with_callback
     if with_callback:
         assert "RNGCheckpoint" in torch.load(ckpt, weights_only=True)["callbacks"]

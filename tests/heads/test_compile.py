@@ -11,6 +11,10 @@ so their draws match eager's only where the ignored positions come last.
 """
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +23,11 @@ import torch._inductor.config
 
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead, TapasHead
 from lightning_sampled.kernels.codeword_logits import triton_interpreted
-from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UnigramSampler
+from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, Sampler, UnigramSampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROOT = Path(__file__).resolve().parents[2]
 
 N, D = 64, 8
 IGNORE = -100
@@ -121,8 +127,20 @@ def test_where_the_other_heads_still_break(name, where):
     assert breaks > 0 and files == where
 
 
+def draw_like_compiled_code(head):
+    """Makes ``head``'s samplers draw from torch's default generator in eager code too, as
+    compiled code always does (dynamo cannot trace a sampler's own ``torch.Generator``): after
+    the same ``torch.manual_seed``, eager and compiled calls then draw the same negatives."""
+    for module in head.modules():
+        if isinstance(module, Sampler):
+            module.own_stream = False
+    return head
+
+
 def loss_and_grads(head, fn, z, target, weight):
-    """``fn(z, target, weight)`` and the gradients of ``z`` and of the head's parameters."""
+    """``fn(z, target, weight)`` and the gradients of ``z`` and of the head's parameters; the
+    draws come from torch's default generator seeded just before (:func:`draw_like_compiled_code`).
+    """
     head.zero_grad()
     z = z.detach().clone().requires_grad_()
     torch.manual_seed(1)
@@ -142,6 +160,7 @@ def test_compiled_loss_and_gradients_equal_eager(name, backend):
     each, 15 s apiece with inductor) through AOTAutograd's eager backend: the traced graphs, not
     the generated code, are what the compiled paths change."""
     head, z, target, weight = make(name)
+    draw_like_compiled_code(head)
     eager = loss_and_grads(head, head, z, target, weight)
     compiled = loss_and_grads(head, torch.compile(head, backend=backend), z, target, weight)
     assert len(eager) == len(compiled) >= 3
@@ -158,7 +177,7 @@ def test_compiled_loss_and_gradients_equal_eager(name, backend):
 @pytest.mark.parametrize("name", BREAK_FREE)
 def test_compiled_loss_and_gradients_equal_eager_on_cuda(name):
     head, *batch = make(name)
-    head = head.cuda()
+    head = draw_like_compiled_code(head).cuda()
     z, target, weight = (None if t is None else t.cuda() for t in batch)
     eager = loss_and_grads(head, head, z, target, weight)
     compiled = loss_and_grads(head, torch.compile(head, fullgraph=True), z, target, weight)
@@ -200,3 +219,64 @@ def test_every_position_ignored_gives_zero_when_compiled(name):
     loss.backward()
     assert loss.item() == 0.0 and head(z, target, weight).item() == 0.0
     assert torch.equal(z.grad, torch.zeros_like(z))
+
+
+def environ_without(name):
+    """The environment of this process without ``name``."""
+    return {key: value for key, value in os.environ.items() if key != name}
+
+
+#: one compiled training step of FullSoftmaxHead in a fresh process (the CPU's peak resident set
+#: is per process); prints the peak bytes the step allocates beyond what was allocated before it
+STEP_MEMORY = """
+import sys, torch
+from benchmarks.common import peak_extra_bytes
+from lightning_sampled.heads import FullSoftmaxHead
+device, num_classes, batch, dim, chunk = sys.argv[1], *map(int, sys.argv[2:])
+torch.set_num_threads(1)
+torch.manual_seed(0)
+head = FullSoftmaxHead(num_classes, dim, chunk_size=chunk).to(device)
+z = torch.randn(batch, dim, device=device, requires_grad=True)
+target = torch.randint(0, num_classes, (batch,), device=device)
+compiled = torch.compile(head, fullgraph=True)
+
+def step():
+    compiled(z, target).backward()
+    z.grad = None
+    head.zero_grad(set_to_none=True)
+
+step()  # compiles
+print(int(peak_extra_bytes(step, device)))
+"""
+
+
+def test_compiled_full_softmax_keeps_one_chunk_of_logits_alive(device):
+    """Compiled, the exact head's step holds one ``[T, chunk]`` block of logits at a time, as it
+    does eagerly, not all of them: traced as plain torch, inductor ran every chunk's matmul
+    before the reductions (a ``[T, N]`` = 256 MB step here, against 64 MB eagerly)."""
+    if device.type == "cpu" and not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("the peak resident set is reset through Linux's /proc/self/clear_refs")
+    num_classes, batch, dim, chunk = 8192, 8192, 16, 2048
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            STEP_MEMORY,
+            device.type,
+            *map(str, (num_classes, batch, dim, chunk)),
+        ],
+        cwd=ROOT,
+        # inductor's CUDA kernels compiled, not interpreted (conftest interprets our own kernels);
+        # glibc's mmap threshold fixed, so that a freed block leaves the resident set at once
+        env={**environ_without("TRITON_INTERPRET"), "MALLOC_MMAP_THRESHOLD_": "131072"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak = int(proc.stdout.split()[-1])
+    logits_bytes = 4 * batch * num_classes
+    chunk_bytes = 4 * batch * chunk
+    # one block, its exp and the few [T] / [N, D] buffers beside it; all N / chunk = 4 blocks
+    # would be logits_bytes
+    assert chunk_bytes / 2 < peak < logits_bytes / 2, (peak, chunk_bytes, logits_bytes)

@@ -35,6 +35,7 @@ from lightning_sampled.heads import (
 )
 from lightning_sampled.protocols import HasProposal, Refreshable, Schedulable
 from lightning_sampled.samplers import (
+    DrawStream,
     LogUniformSampler,
     MIDXSampler,
     MixtureSampler,
@@ -186,8 +187,18 @@ def batch(shape=(3, 4), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return z, y + (y >= PAD).long()
 
 
-def seeded(fn, *args, seed: int = SEED):
+def restart(head: nn.Module, seed: int = SEED) -> None:
+    """Restarts torch's global generator and the draw streams of ``head``'s samplers from
+    ``seed``: what is drawn next is drawn again after the next restart."""
     torch.manual_seed(seed)
+    for module in head.modules():
+        if isinstance(module, Sampler):
+            module.draw_stream = DrawStream(seed)
+
+
+def seeded(fn, *args, seed: int = SEED):
+    """``fn(*args)`` after :func:`restart`: two calls draw the same negatives."""
+    restart(fn, seed)
     return fn(*args)
 
 
@@ -354,7 +365,7 @@ def test_sample_weight_gives_the_weighted_mean_of_the_position_losses(case):
     mask = y != IGNORE
     z.requires_grad_()
     loss = seeded(head, z, y, w)
-    torch.manual_seed(SEED)
+    restart(head)
     losses, auxiliary = per_position_losses(head, z[mask], y[mask])
     close((losses * w[mask]).sum() / w[mask].sum() + auxiliary, loss)
     loss.backward()
@@ -484,6 +495,13 @@ def test_state_dict_round_trip_restores_the_loss_and_the_exact_logits(case):
     fresh.load_state_dict(head.state_dict(), strict=True)
     assert torch.equal(fresh.logits(z), head.logits(z))
     assert torch.equal(seeded(fresh, z, y), seeded(head, z, y))
+    # the draw streams are in the state dict: a loaded head draws what the saved one draws next,
+    # whatever torch's global generator holds
+    fresh.load_state_dict(head.state_dict(), strict=True)
+    torch.manual_seed(1)
+    from_checkpoint = fresh(z, y)
+    torch.manual_seed(2)
+    assert torch.equal(from_checkpoint, head(z, y))
 
 
 # -- 9. exact methods ------------------------------------------------------------------------------
@@ -538,6 +556,9 @@ def test_declared_compiling_heads_compile_to_one_graph_equal_to_eager(case):
     if breaks is not None:
         pytest.skip(f"{case[0]} breaks the graph today: {breaks}")
     head = build(case, **TYPICAL)
+    for module in head.modules():
+        if isinstance(module, Sampler):
+            module.own_stream = False  # eager draws from torch's generator, as compiled code does
     z, y = batch((3, 4))
     w = torch.rand(3, 4) + 0.5
     results = []

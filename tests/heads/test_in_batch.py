@@ -9,6 +9,7 @@ from fake_samplers import Stream
 from lightning_sampled.heads import SampledSoftmaxHead
 from lightning_sampled.heads.in_batch import batch_candidates, in_batch_logits, log_mixture_size
 from lightning_sampled.samplers import UniformSampler
+from lightning_sampled.samplers.frequency import TargetFrequency
 
 
 @pytest.mark.parametrize("remove_hits", [True, False])
@@ -107,6 +108,7 @@ def in_batch_bias_gradient_error(num_negatives, batch, batches=6):
     class vectors and biases) against the full softmax's, on batches of targets drawn from
     (.6, .25, .1, .05), with ``q_b`` given exactly."""
     p = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    torch.manual_seed(batch)  # the seed of the negatives' draw stream
     head = SampledSoftmaxHead(
         4,
         1,
@@ -119,11 +121,10 @@ def in_batch_bias_gradient_error(num_negatives, batch, batches=6):
     )
     g = torch.Generator().manual_seed(batch)
     full, total = torch.zeros(4), torch.zeros(4)
-    for i in range(batches):
+    for _ in range(batches):
         y = torch.multinomial(p, batch, replacement=True, generator=g)
         z = torch.ones(batch, 1)
         full += torch.autograd.grad(head.full_loss(z, y), head.bias)[0]
-        torch.manual_seed(i)
         total += torch.autograd.grad(head(z, y), head.bias)[0]
     return float((total - full).norm() / full.norm())
 
@@ -142,6 +143,7 @@ def test_in_batch_negatives_train_sparse_and_shared_like_dense():
     y = torch.randint(30, (9,))
     grads = []
     for sparse in (False, True):
+        torch.manual_seed(4)  # the same seed of the heads' draw streams
         head = SampledSoftmaxHead(
             30,
             4,
@@ -152,7 +154,6 @@ def test_in_batch_negatives_train_sparse_and_shared_like_dense():
             weight=weight,
         )
         weight.grad = None
-        torch.manual_seed(4)
         head(z, y).backward()
         grads.append(weight.grad.to_dense())
     torch.testing.assert_close(grads[0], grads[1])
@@ -182,3 +183,49 @@ def test_in_batch_bad_input_is_refused():
         SampledSoftmaxHead(10, 2, num_negatives=0)
     with pytest.raises(ValueError, match="only used with in_batch_negatives"):
         SampledSoftmaxHead(10, 2, target_counts=torch.ones(10))
+
+
+def test_a_batch_target_whose_fixed_count_is_zero_gets_a_finite_correct_loss():
+    """Issue 32 item 1: ``q_b = 0`` for a class in the batch made the loss ``inf`` and the
+    gradients NaN. It gets the share of one occurrence (the smallest positive count) per time
+    it is in the batch, once the batch is counted: ``n_j / (S + T)`` here."""
+    counts = torch.ones(50)
+    counts[7] = 0
+    head = SampledSoftmaxHead(50, 8, num_negatives=0, in_batch_negatives=True, target_counts=counts)
+    z = torch.randn(4, 8, requires_grad=True)
+    y = torch.tensor([7, 1, 2, 3])
+    loss = head(z, y)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
+    q = (counts / counts.sum()).clone()
+    q[7] = 1 / (counts.sum() + 4)
+    expected = brute_force_losses(head, z.detach(), y, log_q_batch=lambda j: q[j].log()).mean()
+    torch.testing.assert_close(loss.detach(), expected)
+
+
+def test_an_unseen_or_decayed_class_in_evaluation_gets_the_share_of_its_batch():
+    head = SampledSoftmaxHead(50, 8, num_negatives=0, in_batch_negatives=True)
+    head(torch.randn(4, 8), torch.tensor([1, 2, 3, 1]))  # training: counts 1, 2, 3
+    head.eval()
+    frequency = head.target_frequency
+    y = torch.tensor([7, 1, 2, 3])  # 7 never seen in training
+    assert torch.isfinite(head(torch.randn(4, 8), y))
+    a, total = frequency.decay, float(frequency.total)
+    got = frequency.log_prob(torch.tensor([7, 1]), y).double()
+    torch.testing.assert_close(got[0], torch.tensor(a / (total + 4 * a)).log().double())
+    torch.testing.assert_close(got[1], frequency.log_prob(torch.tensor(1)).double())  # above it
+    frequency.step += 10**6  # a million steps since 1, 2, 3 were seen: their estimate underflows
+    assert frequency.log_prob(torch.tensor([1])).item() == -math.inf
+    assert torch.isfinite(head(torch.randn(4, 8), y))
+
+
+def test_the_floor_changes_nothing_in_training_nor_for_positive_fixed_counts():
+    frequency = TargetFrequency(20, decay=0.1)
+    ids = torch.arange(20)
+    for seed in range(5):
+        batch = torch.randint(20, (6,), generator=torch.Generator().manual_seed(seed))
+        frequency.update(batch)  # training mode: the batch is counted before it is scored
+        torch.testing.assert_close(frequency.log_prob(ids, batch), frequency.log_prob(ids))
+    fixed = TargetFrequency(20, counts=torch.rand(20) + 1e-3)
+    batch = torch.tensor([3, 3, 3, 3, 5])  # a rare class found often: still its given share
+    torch.testing.assert_close(fixed.log_prob(ids, batch), fixed.log_prob(ids))

@@ -73,9 +73,6 @@ class SparseToyModel(L.LightningModule):
         clip_override: clip with ``lightning_sampled.optim.clip_grad_norm_`` (else Lightning's
             default ``torch.nn.utils.clip_grad_norm_``).
         weight_decay: LazyAdam's decoupled weight decay.
-        reseed_per_batch: seed torch's global RNG (the sampler's) from the batch's position
-            before each training batch, so that the draws do not depend on what else consumed
-            the RNG (Lightning's DDP strategy re-seeds every rank after the model is built).
     """
 
     def __init__(
@@ -85,7 +82,6 @@ class SparseToyModel(L.LightningModule):
         shared_negatives: bool = False,
         clip_override: bool = True,
         weight_decay: float = 0.0,
-        reseed_per_batch: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -107,10 +103,6 @@ class SparseToyModel(L.LightningModule):
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
         return self.mix(self.embedding(ids).flatten(1))
-
-    def on_train_batch_start(self, batch, batch_idx):
-        if self.hparams.reseed_per_batch:
-            torch.manual_seed(1000 * self.current_epoch + batch_idx)
 
     def training_step(self, batch, batch_idx):
         ids, target = batch
@@ -163,11 +155,12 @@ def make_trainer(max_epochs: int, devices: int = 1, **kwargs) -> L.Trainer:
 def fit(
     devices: int, batch_size: int, max_epochs: int = 2, dense_collectives: bool = False
 ) -> SparseToyModel:
-    """Seeds, builds and fits the model with shared negatives drawn from a seed per batch on
-    ``copy_task()`` in order (``devices`` processes, ``batch_size`` rows each), with
-    ``SparseGradSync`` where ``dense_collectives``."""
+    """Seeds, builds and fits the model with shared negatives (from the sampler's own draw
+    stream, seeded when the model is built, so that they do not depend on what else consumed
+    torch's global generator) on ``copy_task()`` in order (``devices`` processes,
+    ``batch_size`` rows each), with ``SparseGradSync`` where ``dense_collectives``."""
     L.seed_everything(0, verbose=False)
-    model = SparseToyModel(shared_negatives=True, reseed_per_batch=True)
+    model = SparseToyModel(shared_negatives=True)
     callbacks = [SparseGradSync()] if dense_collectives else []
     trainer = make_trainer(max_epochs, devices, use_distributed_sampler=False, callbacks=callbacks)
     trainer.fit(model, InOrder(batch_size))

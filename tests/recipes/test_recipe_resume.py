@@ -70,8 +70,11 @@ def assert_same_run(resumed, straight):
     assert {"train/loss", "val/ndcg@10", "val/recall@10", "val/item_coverage@10"} <= set(metrics)
     assert metrics["val/recall@10"] > 0
     assert metrics == straight[0]
-    for name, tensor in straight[1].items():
-        assert torch.equal(weights[name], tensor), name
+    for name, value in straight[1].items():
+        if torch.is_tensor(value):
+            assert torch.equal(weights[name], value), name
+        else:  # a sampler's draw stream, {"seed", "draws"}: as far along as uninterrupted
+            assert weights[name] == value, name
 
 
 def test_resume_at_epoch_boundary_equals_uninterrupted(tmp_path, straight):

@@ -303,6 +303,30 @@ def test_huge_queries_keep_log_q_normalised(mode, quantizer, scale):
     assert torch.equal(draw.log_q, sampler.log_prob(z, draw.ids))
 
 
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+@pytest.mark.parametrize("norm", [1e5, 1e9, 1e18])
+@pytest.mark.parametrize("seed", [0, 2])
+def test_exact_mode_stays_normalised_beside_one_huge_class_row(quantizer, norm, seed):
+    """One class row of norm 1e5-1e18 owns a codeword whose logit dwarfs the others': the rows
+    of cells below it used to add ``log omega`` to ``s2 ~ -1e8`` in fp32 and lose it, so that
+    PQ's exact ``log_q`` summed to 0.7-12 per query."""
+    n, k, huge = 500, 16, 7
+    emb = table(n, 4, seed=seed)
+    emb[huge] *= norm / emb[huge].norm()
+    sampler = MIDXSampler(n, k, quantizer, "exact", kmeans_iters=5)
+    sampler.refresh(emb)
+    z = table(6, 4, seed=seed + 100)
+    log_q = sampler.log_prob(z, torch.arange(n))
+    torch.testing.assert_close(log_q.double().exp().sum(-1), torch.ones(6, dtype=torch.float64))
+    draw = sampler.sample(z, 4000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(draw.log_q, sampler.log_prob(z, draw.ids))
+    # the rows the draws fall in: their share among the draws is their probability
+    rows = draw.ids != huge
+    share = rows.double().mean(1)
+    expected = 1.0 - log_q[:, huge].double().exp()
+    assert (share - expected).abs().max() < 5 * math.sqrt(0.25 / 4000) + 1e-9
+
+
 def test_queries_whose_logits_overflow_get_a_clear_error():
     sampler = built(n=100, d=8, k=4, mode="exact", seed=2)
     z = 1e38 * table(2, 8, seed=3).sign()  # finite, but z . residual overflows to +-inf
