@@ -18,11 +18,19 @@ both variants of every head are timed side by side, round-robin (one step of eac
 round), so that load from other processes hits all of them alike; the median over ``--repeats``
 rounds is reported, with the compiled median over the eager one of the same rounds.
 
-Memory: compiled, ``FullSoftmaxHead`` no longer keeps to ``[B, chunk_size]`` logits: measured as
-the process' peak RSS over one step at B = 8,192, D = 64, it took 1.6 GB at N = 2e4 and 2.5 GB at
-N = 5e4, against 0.7 GB eagerly at either (cause not established: it is so for a compiled forward
-under ``no_grad`` too, and also without the eager path's logits workspace); at N = 1e5 the
-compiled step went past 4 GB. ``--eager-only HEAD@N`` skips such a compiled step.
+Memory (``peak_mb``): after the warm-up, one more step of each head and mode, the peak bytes it
+allocates beyond what was allocated before it (:func:`benchmarks.common.peak_extra_bytes`: the
+growth of the process' peak resident set on the CPU, ``max_memory_allocated`` on CUDA), so the
+gradients are included. On the CPU run it with ``MALLOC_MMAP_THRESHOLD_=131072``: glibc then maps
+every block of 128 KiB or more on its own and unmaps it when freed, so that a step cannot reuse
+resident memory an earlier step freed and under-count. ``FullSoftmaxHead``'s loops over class
+chunks are custom ops (:func:`~lightning_sampled.heads.chunked.chunked_softmax_sums`), so compiled
+it holds one ``[B, chunk_size]`` block of logits at a time, as eagerly; traced as plain torch they
+were unrolled and inductor ran every chunk's matmul before the reductions, holding the whole
+``[B, N]`` logits: at B = 8,192, D = 64, one thread, the compiled step's ``peak_mb`` was 882 at
+N = 2e4 and 3,384 at N = 1e5 (its compile 131 s), against 78 and 97 eagerly; now 74 and 94
+(``results/compile_step_memory.md``, ``--heads full_softmax_head --sizes 20000 100000``).
+``--eager-only HEAD@N`` skips a compiled step.
 
 Run: ``python -m benchmarks.compile_step [--sizes 100000] [--batch 8192] [--dim 64]
 [--repeats 5] [--warmup 3] [--threads 1] [--heads NAME ...] [--eager-only HEAD@N ...]
@@ -41,7 +49,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from benchmarks.common import add_background_argument, load_average, load_header, write_results
+from benchmarks.common import (
+    add_background_argument,
+    load_average,
+    load_header,
+    peak_extra_bytes,
+    write_results,
+)
 from benchmarks.head_step import (
     SPARSE_CAPABLE_HEADS,
     Problem,
@@ -52,10 +66,7 @@ from benchmarks.head_step import (
 )
 from lightning_sampled.heads import SampledSoftmaxHead
 
-EAGER_ONLY = (
-    "compiled not run (--eager-only): its peak memory under inductor grows with N x B (module "
-    "docstring), beyond this machine's budget"
-)
+EAGER_ONLY = "compiled not run (--eager-only)"
 
 #: name -> the head, built as benchmarks/head_step.py builds it (dense class-table gradient)
 HEADS: dict[str, Callable[[Problem, bool], nn.Module]] = {
@@ -126,6 +137,7 @@ def measure(args: argparse.Namespace, num_classes: int) -> list[dict]:
             continue
         steps[name, "compiled"] = compiled
         print(f"  N = {num_classes:,}, {name}: {info[name]}", flush=True)
+    peaks = {key: peak_extra_bytes(step, args.device) for key, step in steps.items()}
     times: dict[tuple[str, str], list[float]] = {key: [] for key in steps}
     for r in range(args.repeats):
         for key, step in steps.items():
@@ -138,6 +150,7 @@ def measure(args: argparse.Namespace, num_classes: int) -> list[dict]:
         for mode in ("eager", "compiled"):
             t = times.get((name, mode))
             median = statistics.median(t) if t else None
+            peak = peaks.get((name, mode))
             rows.append(
                 {
                     "num_classes": num_classes,
@@ -150,6 +163,7 @@ def measure(args: argparse.Namespace, num_classes: int) -> list[dict]:
                     "median_s": median if median is not None else "",
                     "times_s": " ".join(f"{x:.4f}" for x in t) if t else "",
                     "vs_eager": median / eager if median is not None else "",
+                    "peak_mb": peak / 2**20 if peak is not None else "",
                     "status": info[name]["status"] if mode == "compiled" else "ok",
                 }
             )
@@ -167,13 +181,13 @@ Zipfian targets; heads as in `head_step` (dense class-table gradient). `compiled
 code generation included). `median_s`: median of {args.repeats} round-robin rounds after one eager
 and {args.warmup} compiled warm-up steps;
 `vs_eager`: that median over the same head's eager median (below 1: compiled is faster).
+`peak_mb`: the peak memory one step allocates beyond what was allocated before it (on the CPU
+the growth of the peak resident set, with `MALLOC_MMAP_THRESHOLD_=131072`), gradients included.
 After the first size a head's compile may reuse what dynamo and inductor made for the first
 (automatic dynamic shapes, inductor's cache): a short `compile_s` there is not a cold compile.
-Compiled, `FullSoftmaxHead`'s peak memory grows with N x B (1.6 GB at N = 2e4 and 2.5 GB at 5e4
-here, 0.7 GB eagerly): at N = 1e5 it does not fit this machine's 4 GB per run (`--eager-only`).
 
-Reproduce: `python -m benchmarks.compile_step --threads 1 --sizes 20000 100000 --eager-only
-full_softmax_head@100000`.
+Reproduce: `MALLOC_MMAP_THRESHOLD_=131072 python -m benchmarks.compile_step --threads 1 --sizes
+{" ".join(map(str, args.sizes))} --heads {" ".join(args.heads)} --name {args.name}`.
 """
 
 
@@ -221,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
             "compile_s",
             "median_s",
             "vs_eager",
+            "peak_mb",
             "status",
         ],
     )

@@ -177,6 +177,125 @@ def smoothed_cross_entropy(
     return loss
 
 
+@torch.library.custom_op("lightning_sampled::chunked_softmax_sums", mutates_args=())
+def chunked_softmax_sums(
+    z: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target: Tensor,
+    chunk_size: int,
+    padding_idx: int | None,
+    normalize: bool,
+    logit_sums: bool,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The per-row sums the cross-entropy's forward needs, one ``[T, chunk_size]`` block of logits
+    at a time: the log-sum-exp over the classes, the target's logit (``0`` for a target outside
+    ``[0, N)``, as a sharded table's ``-1`` is) and, with ``logit_sums``, the sum of the logits
+    over the classes other than ``padding_idx`` (else zeros). Each fp32 ``[T]``; ``z`` ``[T, D]``,
+    ``weight`` ``[N, D]``, ``bias`` ``[N]`` or ``None``, ``target`` long ``[T]``, matmuls in
+    ``dtype``.
+
+    A custom op, opaque to ``torch.compile``: traced as plain torch, the chunk loop unrolls and
+    inductor's scheduler runs every chunk's matmul before the reductions that consume them, so
+    all ``N / chunk_size`` blocks, the whole ``[T, N]`` logits, are alive at once.
+    """
+    num_rows, num_classes = z.shape[0], weight.shape[0]
+    rows = torch.arange(num_rows, device=z.device)
+    workspace = new_workspace(z, num_classes, chunk_size)
+    chunk_lse = []
+    target_logit = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
+    logit_sum = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
+    for start, end in class_chunks(num_classes, chunk_size):
+        logits = chunk_logits(
+            z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
+        )
+        inside = (target >= start) & (target < end)
+        local = (target - start).clamp(0, end - start - 1)
+        target_logit = torch.where(inside, logits[rows, local], target_logit)
+        if logit_sums:
+            logit_sum += row_sums_without_padding(logits, start, end, padding_idx)
+        row_max = logits.amax(dim=1)
+        chunk_sum = exp_shifted_(logits, row_max).sum(dim=1)
+        chunk_lse.append(row_max + chunk_sum.log())
+    lse = torch.logsumexp(torch.stack(chunk_lse, dim=1), dim=1)
+    return lse, target_logit, logit_sum
+
+
+@chunked_softmax_sums.register_fake
+def _(z, weight, bias, target, chunk_size, padding_idx, normalize, logit_sums, dtype):
+    return tuple(z.new_empty(z.shape[0], dtype=torch.float32) for _ in range(3))
+
+
+@torch.library.custom_op("lightning_sampled::chunked_softmax_grads", mutates_args=())
+def chunked_softmax_grads(
+    g: Tensor,
+    zg: Tensor,
+    z: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    lse: Tensor,
+    chunk_size: int,
+    padding_idx: int | None,
+    normalize: bool,
+    smoothing: float,
+    need_z: bool,
+    need_w: bool,
+    need_b: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The softmax part of the cross-entropy's gradients, one ``[T, chunk_size]`` block of
+    probabilities at a time (a custom op, opaque to ``torch.compile``, for the reason
+    :func:`chunked_softmax_sums` gives).
+
+    With ``P = softmax(z W^T + b) - smoothing`` (``0`` in the ``padding_idx`` column), ``g`` the
+    per-row incoming gradient ``[T]`` and ``zg = z * g`` ``[T, D]`` in the matmul dtype, returns
+    fp32 ``(P W [T, D], P^T zg [N, D], P^T g [N])``, where ``W`` is the scored class table
+    (:func:`scored_rows`), so the table's term is the gradient with respect to its unit rows when
+    ``normalize``. An output not asked for (``need_z``, ``need_w``, ``need_b``) is empty. The
+    target's term and the factor ``g`` of the first are left to the caller. ``lse`` ``[T]`` is
+    the forward's log-normaliser.
+    """
+    dtype = zg.dtype
+    f32 = dict(device=z.device, dtype=torch.float32)
+    grad_z = torch.zeros(z.shape if need_z else 0, **f32)
+    grad_w = torch.zeros(weight.shape if need_w else 0, **f32)
+    grad_b = torch.zeros(weight.shape[0] if need_b else 0, **f32)
+    workspace = new_workspace(z, weight.shape[0], chunk_size)
+    with torch.autocast(z.device.type, enabled=False):
+        for start, end in class_chunks(weight.shape[0], chunk_size):
+            logits = chunk_logits(
+                z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
+            )
+            probs = exp_shifted_(logits, lse)
+            if smoothing:
+                probs.sub_(smoothing)
+                if padding_idx is not None and start <= padding_idx < end:
+                    probs[:, padding_idx - start] = 0.0
+            if need_b:
+                grad_b[start:end] = probs.T @ g
+            probs = probs.to(dtype)
+            w_c = scored_rows(weight[start:end], normalize).to(dtype)
+            if need_z and dtype == torch.float32:
+                grad_z.addmm_(probs, w_c)
+            elif need_z:
+                grad_z += (probs @ w_c).float()
+            if need_w and dtype == torch.float32:
+                torch.mm(probs.T, zg, out=grad_w[start:end])
+            elif need_w:
+                grad_w[start:end] = (probs.T @ zg).float()
+    return grad_z, grad_w, grad_b
+
+
+@chunked_softmax_grads.register_fake
+def _(g, zg, z, weight, bias, lse, chunk_size, padding_idx, normalize, smoothing, *need):
+    need_z, need_w, need_b = need
+    return (
+        z.new_empty(z.shape if need_z else 0, dtype=torch.float32),
+        z.new_empty(weight.shape if need_w else 0, dtype=torch.float32),
+        z.new_empty(weight.shape[0] if need_b else 0, dtype=torch.float32),
+    )
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Per-row exact cross-entropy of ``softmax(z W^T + b)`` in class chunks.
 
@@ -188,6 +307,11 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     Forward inputs: ``z`` ``[T, D]``, ``weight`` ``[N, D]``, ``bias`` ``[N]`` or ``None``,
     ``target`` long ``[T]``, ``chunk_size``, ``padding_idx``, ``normalize``, ``label_smoothing``,
     ``shards``. Output: fp32 ``[T]``.
+
+    The loops over the chunks are the custom ops :func:`chunked_softmax_sums` and
+    :func:`chunked_softmax_grads`, so that under ``torch.compile`` too (which traces this
+    function's forward and backward into its graphs) no more than one ``[T, chunk_size]`` block
+    of logits is alive at a time.
 
     With ``shards`` (a :class:`~lightning_sampled.sharding.collectives.RankReduction`) ``weight``
     and ``bias`` are this rank's rows of a table of ``shards.num_classes`` classes, ``z`` the
@@ -204,33 +328,24 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         ctx, z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing, shards
     ):
         dtype = compute_dtype(z)
-        num_rows, num_classes = z.shape[0], weight.shape[0]
         # the whole table's classes and padding class, which label smoothing spreads over
-        whole = (num_classes, padding_idx) if shards is None else shards.whole_table
-        rows = torch.arange(num_rows, device=z.device)
-        workspace = new_workspace(z, num_classes, chunk_size)
-        chunk_lse = []
-        target_logit = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
-        logit_sum = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
-        with torch.no_grad():
-            for start, end in class_chunks(num_classes, chunk_size):
-                logits = chunk_logits(
-                    z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
-                )
-                inside = (target >= start) & (target < end)
-                local = (target - start).clamp(0, end - start - 1)
-                target_logit = torch.where(inside, logits[rows, local], target_logit)
-                if label_smoothing:
-                    logit_sum += row_sums_without_padding(logits, start, end, padding_idx)
-                row_max = logits.amax(dim=1)
-                chunk_sum = exp_shifted_(logits, row_max).sum(dim=1)
-                chunk_lse.append(row_max + chunk_sum.log())
-            lse = torch.logsumexp(torch.stack(chunk_lse, dim=1), dim=1)
-            if shards is not None:
-                lse = shards.logsumexp(lse)
-                shards.sum_(target_logit)
-                if label_smoothing:
-                    shards.sum_(logit_sum)
+        whole = (weight.shape[0], padding_idx) if shards is None else shards.whole_table
+        lse, target_logit, logit_sum = chunked_softmax_sums(
+            z,
+            weight,
+            bias,
+            target,
+            chunk_size,
+            padding_idx,
+            normalize,
+            bool(label_smoothing),
+            dtype,
+        )
+        if shards is not None:
+            lse = shards.logsumexp(lse)
+            shards.sum_(target_logit)
+            if label_smoothing:
+                shards.sum_(logit_sum)
         ctx.save_for_backward(z, weight, bias, target, lse)
         ctx.chunk_size, ctx.padding_idx, ctx.dtype = chunk_size, padding_idx, dtype
         ctx.normalize, ctx.label_smoothing, ctx.shards = normalize, label_smoothing, shards
@@ -241,52 +356,32 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out):
         z, weight, bias, target, lse = ctx.saved_tensors
         need_z, need_w, need_b = ctx.needs_input_grad[:3]
-        dtype, normalize, eps, shards = ctx.dtype, ctx.normalize, ctx.label_smoothing, ctx.shards
+        normalize, eps, shards = ctx.normalize, ctx.label_smoothing, ctx.shards
         # d loss_t / d logit_tc = g_t * (softmax_tc - (1 - eps) [c == y_t] - eps / N' [c != pad]).
         # The per-row factor g_t is folded into z (for the class gradient) and applied once at
-        # the end (for dz), and the target term is added once outside the loop, so each chunk
-        # costs two matmuls and a few in-place passes over its [T, C] probabilities. With
+        # the end (for dz), and the target term is added once outside the chunk loop, so each
+        # chunk costs two matmuls and a few in-place passes over its [T, C] probabilities. With
         # normalize, the class gradient is first taken with respect to the unit rows.
         g = grad_out.float()
         if shards is not None:
             g = shards.sum_(g.clone())
-        zg = (z.float() * g[:, None]).to(dtype)
-        f32 = dict(device=z.device, dtype=torch.float32)
-        grad_z = torch.zeros(z.shape, **f32) if need_z else None
-        grad_w = torch.zeros(weight.shape, **f32) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], **f32) if need_b else None
-        workspace = new_workspace(z, weight.shape[0], ctx.chunk_size)
-        smoothing = smoothing_share(eps, *ctx.whole)
+        zg = (z.float() * g[:, None]).to(ctx.dtype)
+        grad_z, grad_w, grad_b = chunked_softmax_grads(
+            g,
+            zg,
+            z,
+            weight,
+            bias,
+            lse,
+            ctx.chunk_size,
+            ctx.padding_idx,
+            normalize,
+            smoothing_share(eps, *ctx.whole),
+            need_z,
+            need_w,
+            need_b,
+        )
         with torch.autocast(z.device.type, enabled=False):
-            for start, end in class_chunks(weight.shape[0], ctx.chunk_size):
-                logits = chunk_logits(
-                    z,
-                    weight,
-                    bias,
-                    start,
-                    end,
-                    ctx.padding_idx,
-                    dtype,
-                    workspace,
-                    normalize=normalize,
-                )
-                probs = exp_shifted_(logits, lse)
-                if eps:
-                    probs.sub_(smoothing)
-                    if ctx.padding_idx is not None and start <= ctx.padding_idx < end:
-                        probs[:, ctx.padding_idx - start] = 0.0
-                if need_b:
-                    grad_b[start:end] = probs.T @ g
-                probs = probs.to(dtype)
-                w_c = scored_rows(weight[start:end], normalize).to(dtype)
-                if need_z and dtype == torch.float32:
-                    grad_z.addmm_(probs, w_c)
-                elif need_z:
-                    grad_z += (probs @ w_c).float()
-                if need_w and dtype == torch.float32:
-                    torch.mm(probs.T, zg, out=grad_w[start:end])
-                elif need_w:
-                    grad_w[start:end] = (probs.T @ zg).float()
             hit = 1.0 - eps
             # the target term, of the rows whose target is in this table (all, unless sharded)
             owned = None if shards is None else (target >= 0).nonzero()[:, 0]
@@ -305,9 +400,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             if need_b:
                 grad_b.index_add_(0, ids, selected(g, owned), alpha=-hit)
         return (
-            None if grad_z is None else grad_z.to(z.dtype),
-            None if grad_w is None else grad_w.to(weight.dtype),
-            None if grad_b is None else grad_b.to(bias.dtype),
+            grad_z.to(z.dtype) if need_z else None,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if need_b else None,
             None,
             None,
             None,

@@ -18,9 +18,10 @@ cross-entropy with, and which one ``backend="auto"`` picks.
   for the whole ``[T, N]`` logits).
 
 ``"auto"`` is ``"triton"`` for CUDA queries whose matmul dtype is bf16, fp16 or fp32 when Triton
-is installed, ``"torch"`` otherwise, and also under ``torch.compile``, whose inductor fuses the
-torch path's chunks itself (the fused kernels are launched from an ``autograd.Function``, which
-dynamo does not trace through).
+is installed, ``"torch"`` otherwise, and also under ``torch.compile`` (the fused kernels are
+launched from an ``autograd.Function``, which dynamo does not trace through), where the torch
+path's loops over the class chunks are custom ops that inductor calls as they are, so that a
+compiled step, like an eager one, holds one ``[T, chunk_size]`` block of logits at a time.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def check_exact_backend(
 def resolve_backend(backend: str, z: Tensor) -> str:
     """The backend that computes the loss of queries ``z`` (module docstring): ``backend``
     itself, but ``"torch"`` for fp64 products on ``"triton"``; for ``"auto"`` the fused kernel
-    for CUDA queries, outside ``torch.compile`` (which fuses the torch path itself)."""
+    for CUDA queries, outside ``torch.compile`` (module docstring)."""
     fused_dtype = compute_dtype(z) in FUSED_DTYPES
     if backend == "triton":
         return backend if fused_dtype else "torch"
