@@ -1,4 +1,5 @@
-"""Callbacks of the recipes: the logging interval fitted to short epochs, metrics tables for W&B.
+"""Callbacks of the recipes: the logging interval fitted to short epochs, metrics tables for W&B,
+and Lightning's ``ModelCheckpoint`` without its ``last.ckpt`` in a ``fast_dev_run``.
 ``RNGCheckpoint`` (the random states in checkpoints) lives in :mod:`lightning_sampled.callbacks`;
 it is importable from here too, as the recipes' configs name it."""
 
@@ -8,10 +9,27 @@ import math
 from typing import Any
 
 import lightning as L
+from lightning.pytorch import callbacks
 
 from lightning_sampled.callbacks import RNGCheckpoint
 
-__all__ = ["FitLogInterval", "MetricsTable", "RNGCheckpoint", "fitted_log_interval"]
+__all__ = [
+    "FitLogInterval",
+    "MetricsTable",
+    "ModelCheckpoint",
+    "RNGCheckpoint",
+    "fitted_log_interval",
+]
+
+
+class ModelCheckpoint(callbacks.ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, except that a ``fast_dev_run`` writes no checkpoint at
+    all: Lightning (2.6) skips every save under ``fast_dev_run`` but the ``last.ckpt`` that
+    ``save_last`` writes when training ends."""
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.fast_dev_run:
+            super().on_train_end(trainer, pl_module)
 
 
 def fitted_log_interval(requested: int, num_batches: float, accumulate_grad_batches: int) -> int:

@@ -6,6 +6,10 @@
 checks, documents (``--model.head.help``) and prints (``--print_config``); the model calls them
 with what it injects. Run from a checkout: ``python -m recipes`` (the distribution does not install
 ``recipes``).
+
+The subcommands are ``fit``, ``validate`` and ``test`` (the recipes have no ``predict_step``).
+Options are spelled in full (``--trainer.max_epoch`` is an error, not ``max_epochs``), and a parse
+error prints the error and where ``--help`` is, not the whole usage before it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,35 @@ from .data import RecipeData
 from .module import SampledModule
 
 
+class RecipeParser(LightningArgumentParser):
+    """``LightningArgumentParser`` that takes no abbreviated option (argparse's ``allow_abbrev``
+    would read ``--trainer.max_epoch 2`` as ``--trainer.max_epochs 2``), names itself
+    ``python -m recipes`` (the command its error messages tell to run with ``--help``), and
+    whose usage, which jsonargparse prints before every parse error, is one line: the full list
+    of options (50 lines above the error that matters) is what ``--help`` prints."""
+
+    def __init__(
+        self,
+        *args: Any,
+        prog: str = "python -m recipes",
+        allow_abbrev: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, prog=prog, allow_abbrev=allow_abbrev, **kwargs)
+
+    def format_usage(self) -> str:
+        return f"usage: {self.prog} [options]\n"
+
+
 class RecipeCLI(LightningCLI):
-    """``LightningCLI`` over :class:`SampledModule` and :class:`RecipeData` subclasses."""
+    """``LightningCLI`` over :class:`SampledModule` and :class:`RecipeData` subclasses, parsed by
+    :class:`RecipeParser`, without ``predict``."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands but ``predict``, which needs a ``predict_step`` (or a
+        ``forward``) that the recipes' modules do not define."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in ("num_classes", "class_counts"):
@@ -58,6 +89,7 @@ def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> Reci
         RecipeData,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        parser_class=RecipeParser,
         args=args,
         run=run,
         **kwargs,

@@ -28,16 +28,18 @@ from lightning_sampled.metrics import (
     RankingMetric,
     Recall,
 )
-from lightning_sampled.optim import LazyAdam, clip_grad_norm_
+from lightning_sampled.optim import LazyAdam, SparseGradientClipping
 from lightning_sampled.sharding.collectives import gathered_sizes
 
 from .callbacks import FitLogInterval
 from .specs import HeadFactory, SamplerFactory, build_head, build_sampler, factory_option
 
 
-class SampledModule(L.LightningModule):
+class SampledModule(SparseGradientClipping, L.LightningModule):
     """Base: an encoder ``encode(inputs) -> z [B, L, D]`` and a head; the training loss is the
-    head's (sampled) objective.
+    head's (sampled) objective. ``--trainer.gradient_clip_val`` clips by norm or by value
+    (``--trainer.gradient_clip_algorithm``), row-sparse gradients included
+    (:class:`~lightning_sampled.optim.SparseGradientClipping`).
 
     Args:
         num_classes: ``N``, linked from the data module.
@@ -180,20 +182,6 @@ class SampledModule(L.LightningModule):
         return LazyAdam(
             self.parameters(), lr=self.lr, weight_decay=self.weight_decay, **self.optimizer_options
         )
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Norm clipping that also takes the row-sparse gradients of ``sparse_grad=True``."""
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
-            clip_grad_norm_(self.parameters(), gradient_clip_val)
-        else:
-            super().configure_gradient_clipping(
-                optimizer, gradient_clip_val, gradient_clip_algorithm
-            )
 
     def sparse_lookup(self, embedding: nn.Embedding) -> None:
         """Makes ``embedding``'s lookup row-sparse when it is the class table of a

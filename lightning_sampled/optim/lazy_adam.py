@@ -309,7 +309,7 @@ def _check_row_sparse(param: Tensor, grad: Tensor) -> None:
 
 def _run_closure(closure: Callable[[], float]) -> float:
     """Runs ``closure``, re-raising two torch errors about sparse gradients with what to do:
-    norm clipping (``gradient_clip_val`` in Lightning), which cannot take them, and DDP's
+    torch's clipping (``gradient_clip_val`` in Lightning), which cannot take them, and DDP's
     gradient reducer, which expects a dense gradient for a table no sparse ``nn.Embedding`` owns.
     """
     try:
@@ -318,11 +318,11 @@ def _run_closure(closure: Callable[[], float]) -> float:
         if "Sparse" in str(err) and _raised_in_clip_grad(err):
             raise RuntimeError(
                 "a gradient is row-sparse (sparse_grad=True or nn.Embedding(sparse=True)) and "
-                "torch.nn.utils.clip_grad_norm_ cannot take sparse gradients; clip with "
-                "lightning_sampled.optim.clip_grad_norm_ instead: in your LightningModule, "
-                "override configure_gradient_clipping(self, optimizer, gradient_clip_val, "
-                "gradient_clip_algorithm) to call clip_grad_norm_(self.parameters(), "
-                "gradient_clip_val)"
+                "torch.nn.utils' gradient clipping (what Lightning's gradient_clip_val calls) "
+                "cannot take sparse gradients: mix lightning_sampled.optim.SparseGradientClipping "
+                "into your LightningModule (class Model(SparseGradientClipping, "
+                "L.LightningModule)), which clips by norm and by value, or clip with "
+                "lightning_sampled.optim.clip_grad_norm_ / clip_grad_value_ yourself"
             ) from err
         if "Cannot access storage of SparseTensorImpl" in str(err):
             raise RuntimeError(
@@ -510,38 +510,3 @@ def stochastic_round_bf16(x: Tensor) -> Tensor:
     rounded = bits.view(torch.float32).to(torch.bfloat16)  # exact: the 16 low bits are zero
     # a nan whose payload has its high bits set could carry into the sign: keep every nan
     return rounded.masked_fill_(x.isnan(), float("nan"))
-
-
-@torch.no_grad()
-def clip_grad_norm_(
-    parameters: Iterable[Tensor] | Tensor, max_norm: float, norm_type: float = 2.0
-) -> Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` that also takes sparse COO gradients.
-
-    The total norm is over every gradient's entries (a sparse gradient's duplicate rows are
-    summed first, as the optimizer sees them); all gradients are scaled by
-    ``min(1, max_norm / (total + 1e-6))`` in place.
-
-    Args:
-        parameters: tensors whose ``.grad`` to clip.
-        max_norm: the largest allowed total norm, ``> 0``.
-        norm_type: the ``p`` of the norm (``inf`` allowed).
-
-    Returns:
-        the total norm before clipping, a scalar tensor.
-    """
-    check_finite_number("max_norm", max_norm, minimum=0.0, strict=True)
-    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
-    params = [p for p in params if p.grad is not None]
-    if not params:
-        return torch.tensor(0.0)
-    for p in params:
-        if p.grad.is_sparse and not p.grad.is_coalesced():
-            p.grad = p.grad.coalesce()
-    entries = [p.grad.values() if p.grad.is_sparse else p.grad for p in params]
-    norms = torch.stack([torch.linalg.vector_norm(g, norm_type).float() for g in entries])
-    total = torch.linalg.vector_norm(norms, norm_type)
-    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in entries:
-        g.mul_(scale.to(g.dtype))
-    return total

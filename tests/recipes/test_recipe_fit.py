@@ -111,3 +111,21 @@ def test_misspelled_override_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["fit", *args("sasrec_ml-100k", "uniform", tmp_path), typo])
     assert "Option 'num_negative' is not accepted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradient_clipping_of_a_row_sparse_head(algorithm, tmp_path):
+    """``--trainer.gradient_clip_val`` with either algorithm on a ``sparse_grad=True`` head
+    (torch's clipping cannot take its row-sparse gradient; value clipping used to stop there)."""
+    clipping = [
+        "--trainer.gradient_clip_val=0.01",
+        f"--trainer.gradient_clip_algorithm={algorithm}",
+    ]
+    cli = main([*args("sasrec_ml-100k", "sparse_uniform", tmp_path), *clipping], run=False)
+    sparse_steps = []
+    cli.model.head.weight.register_post_accumulate_grad_hook(
+        lambda p: sparse_steps.append(p.grad.is_sparse)
+    )
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert sparse_steps == [True, True]
+    assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
