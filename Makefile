@@ -34,6 +34,7 @@ bench-full: setup
 	    midx_learn_sparse tapas_sparse one_vs_each_sparse cane_sparse
 	$(PY) -m benchmarks.sampler_time --threads 1
 	$(PY) -m benchmarks.cane --threads 1 --repeats 5
+	$(PY) -m benchmarks.cane_topk --threads 1 --repeats 3
 	$(PY) -m benchmarks.cane_synthetic
 	$(PY) -m benchmarks.tapas_synthetic
 	$(PY) -m benchmarks.ove_nonparametric

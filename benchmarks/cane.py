@@ -12,7 +12,7 @@ other processes hits both alike; recall is the fraction of the exact top-10 that
 Target (issue 12): ``beam_topk`` at least 10x faster than ``topk`` at N = 1e6.
 
 Run: ``python -m benchmarks.cane [--sizes 1e4 1e5 1e6] [--beams 10 20 50 100] [--repeats 5]
-[--threads 1]``; results in ``benchmarks/results/cane_topk.{csv,md,png}``. About 2 GB of memory at
+[--threads 1]``; results in ``benchmarks/results/cane_beam.{csv,md,png}``. About 2 GB of memory at
 N = 1e6.
 """
 
@@ -169,7 +169,7 @@ def plot(rows: list[dict]) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS_DIR / "cane_topk.png", dpi=110)
+    fig.savefig(RESULTS_DIR / "cane_beam.png", dpi=110)
     plt.close(fig)
 
 
@@ -206,7 +206,7 @@ other jobs).
 Run: `python -m benchmarks.cane --threads {args.threads} --repeats {args.repeats}`.
 """
     path = write_results(
-        "cane_topk",
+        "cane_beam",
         rows,
         title="CANE: beam_topk vs exact topk (top-10)",
         notes=notes,

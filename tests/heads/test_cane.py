@@ -8,11 +8,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from fake_samplers import Stream
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_sampled.callbacks import SamplerDiagnostics
 from lightning_sampled.heads import CaneHead
 from lightning_sampled.heads.cane import REJECTION_ROUNDS
+from lightning_sampled.index.tree import ClassTree
 from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 PARAMETERIZATIONS = ["flat", "path"]
@@ -465,3 +467,21 @@ def test_sampler_diagnostics_logs_the_coverage_and_the_noise_proposal_kl(tmp_pat
     want = (log_p.exp() * (log_p + math.log(30))).sum(-1).mean()
     kl = float(trainer.logged_metrics["sampler_diagnostics/head/kl"])
     assert kl == pytest.approx(float(want), rel=1e-4)
+
+
+def test_num_clusters_builds_the_head_tree_around_flat_clusters():
+    """``CaneHead(num_clusters=C)`` builds (and refreshes) its tree with
+    ``ClassTree.from_vectors(..., num_clusters=C)``; the default keeps Algorithm 4."""
+    torch.manual_seed(0)
+    centres = 4 * torch.randn(12, 8)
+    table = (centres.repeat_interleave(25, 0) + 0.3 * torch.randn(300, 8))[torch.randperm(300)]
+    weight = nn.Parameter(table.clone())
+    head = CaneHead(300, 8, 5, 5, branching=4, weight=weight, num_clusters=12)
+    clustered = ClassTree.from_vectors(table, 4, seed=0, num_clusters=12)
+    plain = ClassTree.from_vectors(table, 4, seed=0)
+    assert torch.equal(head.tree_leaf_order, clustered.leaf_order)
+    assert not torch.equal(clustered.leaf_order, plain.leaf_order)
+    default = CaneHead(300, 8, 5, 5, branching=4, weight=weight)
+    assert torch.equal(default.tree_leaf_order, plain.leaf_order)
+    with pytest.raises(ValueError, match="num_clusters"):
+        CaneHead(300, 8, 5, 5, num_clusters=301)

@@ -145,7 +145,10 @@ def test_ancestors_match_a_walk_from_the_root(tree):
 
 
 @pytest.mark.parametrize("tree", [random_tree(53, 3), random_tree(64, 4), random_tree(1, 2),
-                                  ClassTree.by_frequency(torch.rand(29), 4)])  # fmt: skip
+                                  ClassTree.by_frequency(torch.rand(29), 4),
+                                  ClassTree.from_vectors(torch.randn(47, 5), 3, num_clusters=6),
+                                  ClassTree.from_vectors(torch.randn(4, 5), 10,
+                                                         num_clusters=4)])  # fmt: skip
 @pytest.mark.parametrize("beam_over_n", [0, 5])
 def test_beam_of_n_is_the_exact_topk_of_the_leaf_scores(tree, beam_over_n, scoring):
     n = tree.num_classes
@@ -224,6 +227,88 @@ def test_from_vectors_puts_planted_clusters_in_contiguous_leaf_ranges(seed):
     # a random order leaves them scattered
     scattered = random_tree(len(groups), 2, seed=seed).leaf_position[groups == 0]
     assert int(scattered.max() - scattered.min()) + 1 > scattered.numel()
+
+
+def planted_flat_clusters(seed: int, num_clusters: int = 40, dim: int = 16):
+    """``(x [n, dim], groups [n])``: ``num_clusters`` tight clusters (noise 0.1) of 4-15 points
+    around centres drawn from ``N(0, I)``: no hierarchy among them, so a ``b``-way split of the
+    whole set cuts some of them."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(4, 16, (num_clusters,), generator=g)
+    centres = torch.randn(num_clusters, dim, generator=g)
+    groups = torch.repeat_interleave(torch.arange(num_clusters), sizes)
+    return centres[groups] + 0.1 * torch.randn(len(groups), dim, generator=g), groups
+
+
+def cut_clusters(tree: ClassTree, groups: torch.Tensor) -> list[int]:
+    """Brute force: the groups whose classes do not take one contiguous run of leaf positions."""
+    cut = []
+    for group in range(int(groups.max()) + 1):
+        positions = tree.leaf_position[groups == group]
+        if int(positions.max() - positions.min()) + 1 != positions.numel():
+            cut.append(group)
+    return cut
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_num_clusters_keeps_planted_clusters_whole_where_top_down_splits_cut_them(seed):
+    x, groups = planted_flat_clusters(seed)
+    whole = ClassTree.from_vectors(x, 4, seed=seed, num_clusters=40)
+    assert cut_clusters(whole, groups) == []
+    assert torch.equal(torch.sort(whole.leaf_order).values, torch.arange(len(groups)))
+    assert whole.branchings == ClassTree.balanced(whole.leaf_order, 4).branchings
+    assert len(cut_clusters(ClassTree.from_vectors(x, 4, seed=seed), groups)) >= 5
+
+
+def test_num_clusters_tree_orders_the_inside_of_a_cluster_by_hierarchical_kmeans():
+    # one flat cluster: the build is Algorithm 4 from a root holding every class
+    x, groups, _ = planted_hierarchy([5, 9, 3, 7, 12, 4, 8, 6], seed=0)
+    tree = ClassTree.from_vectors(x, 2, seed=0, num_clusters=1)
+    assert cut_clusters(tree, groups) == []
+
+
+@pytest.mark.parametrize(
+    ("num_classes", "branching", "num_clusters"),
+    [(1, 10, 1), (3, 10, 3), (3, 10, 1), (9, 10, 4), (30, 3, 30), (30, 3, 1), (31, 2, 7)],
+)
+def test_num_clusters_edge_cases_give_a_balanced_tree_over_every_class(
+    num_classes, branching, num_clusters
+):
+    # N below the branching (a root over the leaves), one class per cluster, one cluster
+    x = torch.randn(num_classes, 3, generator=torch.Generator().manual_seed(num_classes))
+    tree = ClassTree.from_vectors(x, branching, num_clusters=num_clusters)
+    assert torch.equal(torch.sort(tree.leaf_order).values, torch.arange(num_classes))
+    assert tree.branchings == ClassTree.balanced(tree.leaf_order, branching).branchings
+
+
+def test_num_clusters_survives_empty_clusters_of_duplicated_points():
+    # 3 distinct points repeated: k-means with 8 centroids leaves at least 5 of them empty
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)).repeat(10, 1)
+    tree = ClassTree.from_vectors(x, 3, num_clusters=8)
+    assert torch.equal(torch.sort(tree.leaf_order).values, torch.arange(30))
+    assert cut_clusters(tree, torch.arange(30) % 3) == []
+
+
+def test_num_clusters_is_seeded():
+    x, _ = planted_flat_clusters(0)
+    first = ClassTree.from_vectors(x, 4, seed=3, num_clusters=20)
+    assert torch.equal(
+        first.leaf_order, ClassTree.from_vectors(x, 4, seed=3, num_clusters=20).leaf_order
+    )
+    assert not torch.equal(
+        first.leaf_order, ClassTree.from_vectors(x, 4, seed=4, num_clusters=20).leaf_order
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kmeans_plus_plus_seeds_nearly_every_well_separated_cluster(seed):
+    x, groups = planted_flat_clusters(seed)
+    centres = torch.stack([x[groups == g].mean(0) for g in range(40)])
+    seeds = tree_module.kmeans_plus_plus(x, 40, torch.Generator().manual_seed(seed))
+    assert torch.cdist(seeds, centres).argmin(1).unique().numel() >= 39
+    # 40 random points seed about 25 of them
+    random = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:40]]
+    assert torch.cdist(random, centres).argmin(1).unique().numel() <= 30
 
 
 def mean_vectors(tree: ClassTree, class_vectors: torch.Tensor) -> list[torch.Tensor]:
@@ -330,6 +415,20 @@ def test_tensors_round_trip():
         (lambda: ClassTree.from_vectors(torch.tensor([[0.0], [math.inf]]), 2), r"infinite values"),
         (lambda: ClassTree.from_vectors(torch.tensor([[0.0], [1e30]]), 2), "norm 1e\\+30"),
         (lambda: ClassTree.from_vectors(torch.randn(4, 2), 2, iterations=-1), "iterations must"),
+        (
+            lambda: ClassTree.from_vectors(torch.randn(4, 2), 2, num_clusters=0),
+            "num_clusters must be in \\[1, N=4\\] or None, got 0",
+        ),
+        (
+            lambda: ClassTree.from_vectors(torch.randn(4, 2), 2, num_clusters=5),
+            "num_clusters must be in \\[1, N=4\\] or None, got 5",
+        ),
+        (
+            lambda: ClassTree.from_vectors(
+                torch.randn(4, 2), 2, num_clusters=2, cluster_iterations=-1
+            ),
+            "cluster_iterations must be >= 0, got -1",
+        ),
         (lambda: ClassTree.by_frequency(torch.rand(5), 0), "num_subsets must be in \\[1, N=5\\]"),
         (lambda: ClassTree.by_frequency(torch.rand(5), 6), "num_subsets must be in \\[1, N=5\\]"),
         (lambda: ClassTree.by_frequency(torch.tensor([1.0, -1.0]), 1), "non-negative"),

@@ -1,0 +1,284 @@
+"""CANE's beam top-k beside faiss (IVF, HNSW) on planted clusters, and CANE's training step
+against the uniform head's (issue 35).
+
+Top-k: for N in ``--sizes``, the clustered table of ``benchmarks/cane.py`` (``N / 100`` centres
+from ``N(0, I)``, each class a centre plus ``N(0, 0.25 I)``, D = 64) and ``--queries`` queries
+(a random centre plus ``N(0, I)``). The class tree is ``ClassTree.from_vectors(table, 10,
+num_clusters=C)`` with ``C = min(N / 100, --max-clusters)`` (flat clusters kept whole); the beam
+search scores internal nodes by their descendants' means, as ``CaneHead(parameterization="flat")``
+does. Beside it, on the same table and queries: faiss ``IndexIVFFlat`` (inner product,
+``4 sqrt(N)`` lists) at several ``nprobe`` and ``IndexHNSWFlat`` (M = 32, inner product) at
+several ``efSearch``, and the exact top-10 (chunked ``z @ W.T``, the reference of recall@10 and
+of the speed-ups). Each method's queries/s is the median over ``--repeats`` round-robin rounds
+after a warm-up; build times are one run.
+
+Training step: one forward + backward of ``CaneHead`` (20 candidates, beam 20, 10-ary tree, 80
+uniform noises) and of ``SampledSoftmaxHead`` (100 uniform negatives) at the SASRec MovieLens-1M
+shape (N = 3,707 with padding 0, D = 64, 13,824 scored positions: 128 sequences of 108 items on
+average), round-robin, median of ``--repeats``.
+
+Run: ``python -m benchmarks.cane_topk [--sizes 1e5 1e6] [--threads 1] [--repeats 3]``; results in
+``benchmarks/results/<--name>.{csv,md}`` (default ``cane_topk``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import faiss
+import torch
+from torch import Tensor, nn
+
+from benchmarks.cane import clustered_table, log, recall, round_robin
+from benchmarks.common import load_average, write_results
+from lightning_sampled.heads import CaneHead, SampledSoftmaxHead
+from lightning_sampled.heads.cane import descendant_means
+from lightning_sampled.index import ClassTree, beam_search
+from lightning_sampled.index.kmeans import faiss_threads
+from lightning_sampled.samplers import UniformSampler
+
+DIM = 64
+K = 10
+SASREC_CLASSES, SASREC_POSITIONS = 3707, 128 * 108
+
+
+def exact_topk(table: Tensor, z: Tensor, chunk: int = 128) -> Tensor:
+    """Long ``[T, K]``: the exact top-K of ``z @ table.T``, in query chunks."""
+    return torch.cat([(part @ table.T).topk(K, dim=1).indices for part in z.split(chunk)])
+
+
+def faiss_search(index: faiss.Index, z: Tensor) -> Tensor:
+    """Long ``[T, K]`` ids found by a faiss index."""
+    return torch.from_numpy(index.search(z.numpy(), K)[1]).long()
+
+
+def timed_build(build: Callable[[], object]) -> tuple[object, float]:
+    start = time.perf_counter()
+    built = build()
+    return built, time.perf_counter() - start
+
+
+def faiss_indexes(table: Tensor, args: argparse.Namespace) -> tuple[dict, dict]:
+    """``({name: search call}, {name: build seconds})`` of the IVF and HNSW settings."""
+    nlist = int(4 * math.sqrt(table.shape[0]))
+    data = table.numpy()
+
+    def ivf() -> faiss.Index:
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(DIM), DIM, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.train(data)
+        index.add(data)
+        return index
+
+    def hnsw() -> faiss.Index:
+        index = faiss.IndexHNSWFlat(DIM, 32, faiss.METRIC_INNER_PRODUCT)
+        index.add(data)
+        return index
+
+    calls, builds = {}, {}
+    ivf_index, builds["ivf"] = timed_build(ivf)
+    for nprobe in args.nprobes:
+        calls[f"IVFFlat nlist={nlist} nprobe={nprobe}"] = _with(ivf_index, "nprobe", nprobe)
+    if table.shape[0] <= args.max_hnsw:
+        hnsw_index, builds["hnsw"] = timed_build(hnsw)
+        for ef in args.efs:
+            calls[f"HNSWFlat M=32 efSearch={ef}"] = _with(
+                hnsw_index.hnsw, "efSearch", ef, hnsw_index
+            )
+    return calls, builds
+
+
+def _with(target: object, name: str, value: int, index: faiss.Index | None = None) -> Callable:
+    """A search call that sets ``target.name = value`` first (faiss' search parameters)."""
+    index = target if index is None else index
+
+    def search(z: Tensor) -> Tensor:
+        setattr(target, name, value)
+        return faiss_search(index, z)
+
+    return search
+
+
+def planted(num_classes: int, args: argparse.Namespace) -> tuple[Tensor, Tensor]:
+    """``(table [N, D], queries [T, D])``: :func:`benchmarks.cane.clustered_table` and queries
+    that are a random centre plus ``N(0, I)``."""
+    generator = torch.Generator().manual_seed(args.seed)
+    table, centres = clustered_table(num_classes, generator)
+    picked = torch.randint(0, centres.shape[0], (args.queries,), generator=generator)
+    return table, centres[picked] + torch.randn(args.queries, DIM, generator=generator)
+
+
+def topk_rows(num_classes: int, args: argparse.Namespace) -> list[dict]:
+    """The rows of one class count: exact, beam top-k at every beam, IVF and HNSW settings."""
+    table, z = planted(num_classes, args)
+    clusters = min(max(1, num_classes // 100), args.max_clusters)
+    tree, tree_build = timed_build(
+        lambda: ClassTree.from_vectors(table, 10, seed=args.seed, num_clusters=clusters)
+    )
+    levels = descendant_means(tree, table, torch.ones(num_classes)) + [table]
+    log(f"N={num_classes:.0e}: tree of {clusters} flat clusters in {tree_build:.1f} s")
+    calls: dict[str, Callable[[Tensor], Tensor]] = {"exact": lambda q: exact_topk(table, q)}
+    for beam in args.beams:
+        calls[f"beam_topk beam={beam}"] = lambda q, b=beam: beam_search(
+            tree, q, levels, b, K, accumulate=False
+        )[1]
+    with faiss_threads(torch.get_num_threads()):
+        faiss_calls, builds = faiss_indexes(table, args)
+        calls |= faiss_calls
+        exact = calls["exact"](z)
+        found = {name: call(z) for name, call in calls.items()}
+        times = round_robin({name: (lambda c=c: c(z)) for name, c in calls.items()}, args.repeats)
+    exact_s = statistics.median(times["exact"])
+    rows = []
+    for name in calls:
+        median = statistics.median(times[name])
+        family = name.split()[0]
+        build = {
+            "beam_topk": tree_build,
+            "IVFFlat": builds.get("ivf"),
+            "HNSWFlat": builds.get("hnsw"),
+        }
+        rows.append(
+            {
+                "section": "top-10",
+                "num_classes": num_classes,
+                "method": name,
+                "recall_at_10": recall(found[name], exact),
+                "queries_per_s": args.queries / median,
+                "speedup_vs_exact": exact_s / median,
+                "build_s": build.get(family, ""),
+                "median_s": median,
+                "step_vs_uniform": "",
+                "flat_clusters": clusters,
+            }
+        )
+        log(f"  {name}: recall {rows[-1]['recall_at_10']:.3f}, {rows[-1]['queries_per_s']:.0f} q/s")
+    return rows
+
+
+def step_rows(args: argparse.Namespace) -> list[dict]:
+    """CANE's and uniform's training step at the SASRec MovieLens-1M shape."""
+    generator = torch.Generator().manual_seed(args.seed)
+    weight = nn.Parameter(0.3 * torch.randn(SASREC_CLASSES, DIM, generator=generator))
+    z = torch.randn(args.step_positions, DIM, generator=generator, requires_grad=True)
+    target = torch.randint(1, SASREC_CLASSES, (args.step_positions,), generator=generator)
+    heads = {
+        "uniform (100 negatives)": SampledSoftmaxHead(
+            SASREC_CLASSES, DIM, UniformSampler(SASREC_CLASSES, padding_idx=0),
+            num_negatives=100, weight=weight, padding_idx=0,
+        ),
+        "cane (20 candidates + 80 noises, beam 20)": CaneHead(
+            SASREC_CLASSES, DIM, 20, 80, branching=10, beam=20, weight=weight, padding_idx=0
+        ),
+    }  # fmt: skip
+    steps = {name: (lambda h=head: h(z, target).backward()) for name, head in heads.items()}
+    times = round_robin(steps, args.repeats)
+    uniform = statistics.median(times["uniform (100 negatives)"])
+    return [
+        {
+            "section": "training step",
+            "num_classes": SASREC_CLASSES,
+            "method": name,
+            "recall_at_10": "",
+            "queries_per_s": "",
+            "speedup_vs_exact": "",
+            "build_s": "",
+            "median_s": statistics.median(times[name]),
+            "step_vs_uniform": statistics.median(times[name]) / uniform,
+            "flat_clusters": "",
+        }
+        for name in heads
+    ]
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """The issue's targets, each met or NOT met from the rows (NOT met when not measured)."""
+
+    def pick(n: int, method: str) -> dict | None:
+        return next((r for r in rows if r["num_classes"] == n and r["method"] == method), None)
+
+    lines = []
+    for n, floor in ((100_000, 0.9), (1_000_000, 0.8)):
+        row = pick(n, "beam_topk beam=20")
+        value = "not measured" if row is None else f"{row['recall_at_10']:.3f}"
+        ok = row is not None and row["recall_at_10"] >= floor
+        lines.append(f"- recall@10 >= {floor} at beam 20, N = {n:,}: {value}: {_met(ok)}")
+    row = pick(1_000_000, "beam_topk beam=20")
+    value = "not measured" if row is None else f"{row['speedup_vs_exact']:.1f}x"
+    ok = row is not None and row["speedup_vs_exact"] >= 10
+    lines.append(f"- beam 20 >= 10x the exact top-k's speed at N = 1,000,000: {value}: {_met(ok)}")
+    cane = next((r for r in rows if r["method"].startswith("cane")), None)
+    value = "not measured" if cane is None else f"{cane['step_vs_uniform']:.2f}x"
+    ok = cane is not None and cane["step_vs_uniform"] <= 1.5
+    lines.append(
+        f"- CANE training step <= 1.5x uniform's (SASRec ML-1M shape): {value}: {_met(ok)}"
+    )
+    return lines
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=float, nargs="*", default=[1e5, 1e6])
+    parser.add_argument("--beams", type=int, nargs="+", default=[10, 20, 50])
+    parser.add_argument("--nprobes", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--efs", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--max-hnsw", type=int, default=200_000, help="largest N given HNSW")
+    parser.add_argument("--max-clusters", type=int, default=1000)
+    parser.add_argument("--queries", type=int, default=1024)
+    parser.add_argument("--step-positions", type=int, default=SASREC_POSITIONS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default="cane_topk", help="file stem, or an absolute path")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_before = load_average()
+    rows = [r for size in args.sizes for r in topk_rows(int(size), args)]
+    rows += step_rows(args)
+    load_after = load_average()
+    given = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python -m benchmarks.cane_topk", *given])
+    notes = "\n".join(
+        [
+            "## Targets",
+            "",
+            *targets(rows),
+            "",
+            f"Command: `{command.strip()}`; seed {args.seed}; {args.threads} thread(s); "
+            f"{args.queries} queries; medians of {args.repeats} round-robin rounds.",
+            f"Load average (`/proc/loadavg`, 1 / 5 / 15 min) before: {load_before}; after: "
+            f"{load_after} (2 cores shared with other jobs).",
+            "",
+            __doc__.split("\n\n", 1)[1].split("Run:")[0].strip(),
+        ]
+    )
+    path = write_results(
+        args.name,
+        rows,
+        title="CANE beam top-k beside faiss, and CANE's training step (issue 35)",
+        notes=notes,
+        columns=[
+            "section",
+            "num_classes",
+            "method",
+            "recall_at_10",
+            "queries_per_s",
+            "speedup_vs_exact",
+            "build_s",
+            "median_s",
+            "step_vs_uniform",
+        ],
+    )
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
