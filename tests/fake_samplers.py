@@ -17,6 +17,17 @@ def restart_draws(module, seed: int = 1) -> None:
             sub.draw_stream = DrawStream(seed)
 
 
+def draw_like_compiled_code(module):
+    """Makes the samplers in ``module`` draw from torch's default generator in eager code too,
+    as compiled code always does (dynamo cannot trace a sampler's own ``torch.Generator``): after
+    the same ``torch.manual_seed``, eager and compiled calls then draw the same negatives.
+    Returns ``module``."""
+    for sub in module.modules():
+        if isinstance(sub, Sampler):
+            sub.own_stream = False
+    return module
+
+
 class Stream(Sampler):
     """A query-independent proposal with a given ``q`` whose draws come from a preset stream.
 

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 
+from ..sharding.collectives import is_distributed, world_and_rank
+
 
 class RNGCheckpoint(pl.Callback):
     """Saves every process's Python, NumPy, torch CPU and (when CUDA is initialised) CUDA random
@@ -47,7 +49,7 @@ class RNGCheckpoint(pl.Callback):
     def state_dict(self) -> dict[str, Any]:
         """``{"ranks": [states of rank 0, rank 1, ...]}`` (one entry in a single process)."""
         state = _process_states()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if is_distributed():
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, state)
             return {"ranks": gathered}
@@ -97,11 +99,7 @@ def _this_ranks_states(state_dict: dict[str, Any]) -> dict[str, Any]:
     if "ranks" not in state_dict:
         return state_dict
     saved = state_dict["ranks"]
-    rank, world = (
-        (dist.get_rank(), dist.get_world_size())
-        if dist.is_available() and dist.is_initialized()
-        else (0, 1)
-    )
+    world, rank = world_and_rank()
     if len(saved) != world:
         rank_zero_warn(
             f"RNGCheckpoint: the checkpoint holds the random states of {len(saved)} ranks and "

@@ -244,11 +244,10 @@ class CaneHead(ProposalHead):
         if self.beam < self.num_candidates:
             raise ValueError(f"beam must be >= num_candidates={num_candidates}, got {beam}")
         self.seed = check_int("seed", seed)
-        if num_clusters is not None and not 1 <= check_int("num_clusters", num_clusters) <= (
-            num_classes
-        ):
-            raise ValueError(f"num_clusters must be in [1, {num_classes}], got {num_clusters}")
-        self.num_clusters = num_clusters
+        # its range is checked by the tree's build, at the refresh below
+        self.num_clusters = (
+            None if num_clusters is None else check_int("num_clusters", num_clusters)
+        )
         self.last_coverage: Tensor | None = None
 
         tree = ClassTree.balanced(

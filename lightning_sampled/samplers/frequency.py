@@ -69,10 +69,7 @@ class TargetFrequency(nn.Module):
         self.step += 1
         keep = 1.0 - self.decay
         ids = targets.reshape(-1).to(self.count.device)
-        ordered = ids.sort().values
-        occurrences = torch.searchsorted(ordered, ids, right=True) - torch.searchsorted(
-            ordered, ids
-        )
+        occurrences = occurrences_in(ids, ids)
         stale = (self.step - self.last_step.index_select(0, ids)).double()
         decayed = self.count.index_select(0, ids) * keep**stale
         self.count.index_put_((ids,), decayed + self.decay * occurrences.double())
@@ -129,8 +126,8 @@ class TargetFrequency(nn.Module):
     def _log_floor(self, ids: Tensor, batch: Tensor, log_q: Tensor) -> Tensor:
         """``log q_b`` fp64 of flat ``ids`` with the floor of :meth:`log_prob` from ``batch``."""
         check_class_ids("batch", batch, self.num_classes)
-        targets = batch.reshape(-1).to(self.count.device).sort().values
-        found = torch.searchsorted(targets, ids, right=True) - torch.searchsorted(targets, ids)
+        targets = batch.reshape(-1).to(self.count.device)
+        found = occurrences_in(targets, ids)
         if self.fixed:
             weight = self.count.masked_fill(self.count == 0, torch.inf).amin()
         else:
@@ -142,6 +139,13 @@ class TargetFrequency(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, decay={self.decay}, fixed={self.fixed}"
+
+
+def occurrences_in(targets: Tensor, ids: Tensor) -> Tensor:
+    """How many times each of ``ids`` (long ``[K]``) is found among ``targets`` (long ``[T]``):
+    long ``[K]``, by a sort of the targets and two binary searches (no ``[N]`` tensor)."""
+    ordered = targets.sort().values
+    return torch.searchsorted(ordered, ids, right=True) - torch.searchsorted(ordered, ids)
 
 
 def _checked_counts(counts: Tensor, num_classes: int) -> Tensor:

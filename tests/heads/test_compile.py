@@ -20,10 +20,11 @@ import pytest
 import torch
 import torch._dynamo
 import torch._inductor.config
+from fake_samplers import draw_like_compiled_code
 
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead, TapasHead
 from lightning_sampled.kernels.codeword_logits import triton_interpreted
-from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, Sampler, UnigramSampler
+from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UnigramSampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -127,19 +128,9 @@ def test_where_the_other_heads_still_break(name, where):
     assert breaks > 0 and files == where
 
 
-def draw_like_compiled_code(head):
-    """Makes ``head``'s samplers draw from torch's default generator in eager code too, as
-    compiled code always does (dynamo cannot trace a sampler's own ``torch.Generator``): after
-    the same ``torch.manual_seed``, eager and compiled calls then draw the same negatives."""
-    for module in head.modules():
-        if isinstance(module, Sampler):
-            module.own_stream = False
-    return head
-
-
 def loss_and_grads(head, fn, z, target, weight):
     """``fn(z, target, weight)`` and the gradients of ``z`` and of the head's parameters; the
-    draws come from torch's default generator seeded just before (:func:`draw_like_compiled_code`).
+    draws come from torch's default generator seeded just before (``draw_like_compiled_code``).
     """
     head.zero_grad()
     z = z.detach().clone().requires_grad_()

@@ -22,6 +22,7 @@ from functools import cache
 import pytest
 import torch
 import torch.nn.functional as F
+from fake_samplers import draw_like_compiled_code, restart_draws
 from torch import nn
 
 from lightning_sampled.heads import (
@@ -35,7 +36,6 @@ from lightning_sampled.heads import (
 )
 from lightning_sampled.protocols import HasProposal, Refreshable, Schedulable
 from lightning_sampled.samplers import (
-    DrawStream,
     LogUniformSampler,
     MIDXSampler,
     MixtureSampler,
@@ -187,18 +187,9 @@ def batch(shape=(3, 4), seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return z, y + (y >= PAD).long()
 
 
-def restart(head: nn.Module, seed: int = SEED) -> None:
-    """Restarts torch's global generator and the draw streams of ``head``'s samplers from
-    ``seed``: what is drawn next is drawn again after the next restart."""
-    torch.manual_seed(seed)
-    for module in head.modules():
-        if isinstance(module, Sampler):
-            module.draw_stream = DrawStream(seed)
-
-
 def seeded(fn, *args, seed: int = SEED):
-    """``fn(*args)`` after :func:`restart`: two calls draw the same negatives."""
-    restart(fn, seed)
+    """``fn(*args)`` after ``restart_draws``: two calls draw the same negatives."""
+    restart_draws(fn, seed)
     return fn(*args)
 
 
@@ -365,7 +356,7 @@ def test_sample_weight_gives_the_weighted_mean_of_the_position_losses(case):
     mask = y != IGNORE
     z.requires_grad_()
     loss = seeded(head, z, y, w)
-    restart(head)
+    restart_draws(head, SEED)
     losses, auxiliary = per_position_losses(head, z[mask], y[mask])
     close((losses * w[mask]).sum() / w[mask].sum() + auxiliary, loss)
     loss.backward()
@@ -555,10 +546,7 @@ def test_declared_compiling_heads_compile_to_one_graph_equal_to_eager(case):
     breaks = HEADS[case[0]].breaks
     if breaks is not None:
         pytest.skip(f"{case[0]} breaks the graph today: {breaks}")
-    head = build(case, **TYPICAL)
-    for module in head.modules():
-        if isinstance(module, Sampler):
-            module.own_stream = False  # eager draws from torch's generator, as compiled code does
+    head = draw_like_compiled_code(build(case, **TYPICAL))
     z, y = batch((3, 4))
     w = torch.rand(3, 4) + 0.5
     results = []
