@@ -137,3 +137,33 @@ def test_package_and_every_head_train_without_the_extras():
         bases = (OutputHead, lightning_sampled.heads.ProposalHead)
         if isinstance(head, type) and issubclass(head, OutputHead) and head not in bases:
             assert head.__name__ in trained
+
+
+LAZY_FAISS = textwrap.dedent(
+    """
+    import sys
+
+    import torch
+
+    import lightning_sampled.callbacks, lightning_sampled.heads, lightning_sampled.index
+    import lightning_sampled.inference, lightning_sampled.metrics, lightning_sampled.optim
+    from lightning_sampled.heads import SampledSoftmaxHead
+    from lightning_sampled.inference import export_head
+
+    head = SampledSoftmaxHead(50, 8, num_negatives=5)
+    head(torch.randn(4, 8), torch.randint(50, (4,))).backward()
+    head.topk(torch.randn(4, 8), 3)
+    print("before an index:", "faiss" in sys.modules)
+    export_head(head)
+    print("after an index:", "faiss" in sys.modules)
+    """
+)
+
+
+def test_faiss_is_imported_only_where_an_index_is_built():
+    done = subprocess.run(
+        [sys.executable, "-c", LAZY_FAISS], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "before an index: False" in done.stdout
+    assert "after an index: True" in done.stdout

@@ -35,7 +35,6 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import faiss
 import numpy as np
 import torch
 from torch import Tensor
@@ -212,6 +211,8 @@ def _faiss_lloyd(
 ) -> Tensor:
     """:func:`lloyd` through faiss on the host (its own random start and empty-cluster
     splits): fp32 ``[k, d]`` centroids on ``train``'s device."""
+    import faiss  # imported where an index is built, not with the package
+
     km = faiss.Kmeans(
         train.shape[1],
         k,
@@ -247,6 +248,8 @@ def training_sample(
 @contextmanager
 def faiss_threads(num_threads: int) -> Iterator[None]:
     """Runs the block with faiss' OpenMP thread count set to ``num_threads``, then restores it."""
+    import faiss
+
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(num_threads)
     try:

@@ -16,13 +16,15 @@ that ``inference`` does not import ``heads``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import faiss
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:  # faiss itself is imported by the functions that build or read an index
+    import faiss
 
 __all__ = ["class_table_index", "export_head", "faiss_queries", "faiss_topk"]
 
@@ -53,6 +55,8 @@ def class_table_index(
         ValueError: if the shapes do not fit, ``order`` is not a permutation, ``exclude`` is out
             of range, or ``index`` is not empty, of dimension ``D + 1`` and inner product.
     """
+    import faiss
+
     rows = augmented_rows(table, bias)
     ids = _row_ids(rows.shape[0], order, exclude)
     index = faiss.IndexFlatIP(rows.shape[1]) if index is None else index
@@ -132,6 +136,8 @@ def _row_ids(num_classes: int, order: Tensor | None, exclude: int | None) -> Ten
 
 
 def _check_index(index: faiss.Index, dim: int) -> None:
+    import faiss
+
     if index.d != dim or index.ntotal != 0 or index.metric_type != faiss.METRIC_INNER_PRODUCT:
         raise ValueError(
             f"index must be an empty inner-product index of dimension D + 1 = {dim}, got "
