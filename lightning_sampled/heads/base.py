@@ -40,7 +40,14 @@ from .chunked import (
     unit_rows,
     widened,
 )
-from .inputs import check_k, check_queries, position_weights, scored_positions, weighted_mean
+from .inputs import (
+    check_k,
+    check_queries,
+    check_reduction,
+    position_weights,
+    reduce_losses,
+    scored_positions,
+)
 from .sharded import sharded_embed, sharded_nll, sharded_topk
 
 
@@ -341,12 +348,24 @@ class OutputHead(nn.Module):
         return self.score_queries(kept.z), kept.target, kept.mask
 
     def _valid_weights(
-        self, sample_weight: Tensor | None, target: Tensor, mask: Tensor, *, static: bool = False
+        self,
+        sample_weight: Tensor | None,
+        target: Tensor,
+        mask: Tensor,
+        *,
+        static: bool = False,
+        reduction: str = "mean",
     ) -> Tensor | None:
         """``sample_weight`` ``[...]`` of the positions ``mask`` kept by :meth:`_valid_rows`:
-        fp32 ``[T]`` or ``None`` (:func:`~lightning_sampled.heads.inputs.position_weights`)."""
+        fp32 ``[T]`` or ``None`` (:func:`~lightning_sampled.heads.inputs.position_weights`;
+        weights 0 everywhere are refused under the ``"mean"`` reduction only)."""
         return position_weights(
-            sample_weight, target, mask, ignore_index=self.ignore_index, static=static
+            sample_weight,
+            target,
+            mask,
+            ignore_index=self.ignore_index,
+            static=static,
+            mean=reduction == "mean",
         )
 
     def score_queries(self, z: Tensor) -> Tensor:
@@ -476,14 +495,24 @@ class OutputHead(nn.Module):
             out = out.masked_scatter(mask, -self._exact_losses(queries, y))
         return out
 
-    def full_loss(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
-        """Mean exact negative log-likelihood over the positions not ``ignore_index``, weighted
-        by ``sample_weight`` ``[...]`` when given (class docstring); never label-smoothed.
+    def full_loss(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None = None,
+        *,
+        reduction: str = "mean",
+    ) -> Tensor:
+        """Exact negative log-likelihood of the positions not ``ignore_index``, weighted by
+        ``sample_weight`` ``[...]`` when given (class docstring); never label-smoothed.
 
-        Returns a differentiable scalar; ``0`` (still attached to the graph) if every position is
-        ignored, where ``F.cross_entropy`` would return NaN.
+        ``reduction``: ``"mean"`` (the weighted mean, a scalar), ``"sum"`` (the weighted sum, a
+        scalar) or ``"none"`` (the weighted losses in the shape of ``target``, 0 where ignored;
+        :func:`~lightning_sampled.heads.inputs.reduce_losses`). Differentiable; ``0`` (still
+        attached to the graph) if every position is ignored, where ``F.cross_entropy`` would
+        return NaN.
         """
-        return self._exact_loss(z, target, sample_weight)
+        return self._exact_loss(z, target, sample_weight, reduction=reduction)
 
     def _exact_losses(
         self, queries: Tensor, target: Tensor, label_smoothing: float = 0.0
@@ -509,13 +538,19 @@ class OutputHead(nn.Module):
         target: Tensor,
         sample_weight: Tensor | None,
         label_smoothing: float = 0.0,
+        *,
+        reduction: str = "mean",
     ) -> Tensor:
-        """The (weighted) mean of :meth:`_exact_losses` over the scored positions; a scalar."""
+        """:meth:`_exact_losses` of the scored positions, (weighted and) reduced as
+        ``reduction`` says (:meth:`full_loss`)."""
+        check_reduction(reduction)
         queries, y, mask = self._valid_rows(z, target, static=True)
-        weights = self._valid_weights(sample_weight, target, mask, static=True)
+        weights = self._valid_weights(sample_weight, target, mask, static=True, reduction=reduction)
         if y.numel() == 0 and not self.is_split:
-            return z.sum() * 0.0
-        return mean_or_zero(self._exact_losses(queries, y, label_smoothing), weights, z)
+            losses = z.new_zeros(0, dtype=torch.float32)
+        else:
+            losses = self._exact_losses(queries, y, label_smoothing)
+        return reduce_losses(losses, weights, mask, reduction, z)
 
     @torch.no_grad()
     def topk(self, z: Tensor, k: int, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -709,15 +744,6 @@ def load_shard(head: OutputHead, state_dict: dict, prefix: str, *_) -> None:
     for name, value in head.state_dict().items():
         if name not in ("weight", "bias") and (cut or prefix + name not in state_dict):
             state_dict[prefix + name] = value
-
-
-def mean_or_zero(losses: Tensor, weights: Tensor | None, z: Tensor) -> Tensor:
-    """:func:`~lightning_sampled.heads.inputs.weighted_mean` of per-position ``losses`` ``[T]``,
-    or ``0`` attached to the graph of ``losses`` and ``z`` where ``T = 0`` (a rank of a split
-    table whose batch has no scored position still takes part in the collectives)."""
-    if losses.numel() == 0:
-        return losses.sum() + z.sum() * 0.0
-    return weighted_mean(losses, weights)
 
 
 class MeanOverRanks:

@@ -484,15 +484,23 @@ class CaneHead(ProposalHead):
         restricted = torch.logaddexp(log_q + accepted_share, fallback_share).float()
         return NoiseDraw(ids, restricted[:, 1 + candidates.shape[1] :], restricted[:, 0])
 
-    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
-        """Mean CANE loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
-        ``sample_weight`` ``[...]`` when given; a scalar (:meth:`ProposalHead.forward`).
+    def forward(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None = None,
+        *,
+        reduction: str = "mean",
+    ) -> Tensor:
+        """CANE loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
+        ``sample_weight`` ``[...]`` when given and reduced as :meth:`ProposalHead.forward` says
+        (the mean by default, a scalar).
 
         Sets :attr:`last_coverage` to the fraction of scored positions whose target was a
         candidate (unweighted; a 0-dim tensor, ``None`` when no position is scored).
         """
         self.last_coverage = None
-        return super().forward(z, target, sample_weight)
+        return super().forward(z, target, sample_weight, reduction=reduction)
 
     def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
         """The CANE loss ``[T]`` of each scored position (module docstring); sets

@@ -54,10 +54,18 @@ class FullSoftmaxHead(OutputHead):
         if self.sharded:
             self.shard()
 
-    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
-        """Mean exact (label-smoothed) cross-entropy of ``target`` ``[...]`` given ``z``
-        ``[..., D]``, weighted by ``sample_weight`` ``[...]`` when given; a scalar."""
-        return self._exact_loss(z, target, sample_weight, self.label_smoothing)
+    def forward(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None = None,
+        *,
+        reduction: str = "mean",
+    ) -> Tensor:
+        """Exact (label-smoothed) cross-entropy of ``target`` ``[...]`` given ``z``
+        ``[..., D]``, weighted by ``sample_weight`` ``[...]`` when given, reduced as
+        :meth:`~OutputHead.full_loss` says: the mean by default, a scalar."""
+        return self._exact_loss(z, target, sample_weight, self.label_smoothing, reduction=reduction)
 
     def _exact_losses(
         self, queries: Tensor, target: Tensor, label_smoothing: float = 0.0

@@ -15,6 +15,9 @@ from torch import Tensor
 
 from .._validation import check_class_ids, check_finite, check_positive_int, sync_free
 
+#: how a head reduces its per-position losses (:func:`reduce_losses`)
+REDUCTIONS = ("mean", "sum", "none")
+
 
 class ScoredPositions(NamedTuple):
     """The positions a head scores.
@@ -94,9 +97,12 @@ def position_weights(
     *,
     ignore_index: int,
     static: bool = False,
+    mean: bool = True,
 ) -> Tensor | None:
     """Validates ``sample_weight`` ``[...]`` (the shape of ``target``) and keeps the scored
-    positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given.
+    positions ``mask``: fp32 ``[T]``, or ``None`` when no weights are given. Weights that are 0
+    at every scored position are refused where they divide (``mean``, the weighted mean) and
+    allowed where they do not (the ``"sum"`` and ``"none"`` reductions).
 
     With ``static`` under ``torch.compile`` or on CUDA (the positions of
     :func:`scored_positions` with ``static``): fp32 ``[target.numel()]`` weights, 0 at the
@@ -123,10 +129,11 @@ def position_weights(
     if static:
         torch._assert_async((weights >= 0).all(), "sample_weight must be non-negative")
         weights = (weights * mask).reshape(-1)
-        torch._assert_async(
-            (weights > 0).any() | ~mask.any(),
-            "sample_weight is 0 at all scored positions: the weighted mean is undefined",
-        )
+        if mean:
+            torch._assert_async(
+                (weights > 0).any() | ~mask.any(),
+                "sample_weight is 0 at all scored positions: the weighted mean is undefined",
+            )
         return weights
     if bool((weights < 0).any()):
         raise ValueError(
@@ -134,12 +141,54 @@ def position_weights(
             f"{tuple(weights.shape)})"
         )
     weights = weights[mask]
-    if weights.numel() and not bool((weights > 0).any()):
+    if mean and weights.numel() and not bool((weights > 0).any()):
         raise ValueError(
             f"sample_weight is 0 at all {weights.numel()} scored positions (targets other than "
             f"ignore_index={ignore_index}): the weighted mean is undefined"
         )
     return weights
+
+
+def check_reduction(reduction: str) -> None:
+    """Checks that ``reduction`` is one of :data:`REDUCTIONS`."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def reduce_losses(
+    losses: Tensor,
+    weights: Tensor | None,
+    mask: Tensor,
+    reduction: str,
+    z: Tensor,
+    auxiliary: Tensor | None = None,
+) -> Tensor:
+    """The per-position ``losses`` ``[T]`` of the positions ``mask`` ``[...]`` kept (all of
+    them, ignored ones weighted 0, where :func:`scored_positions` was ``static``), reduced:
+
+    - ``"mean"``: :func:`weighted_mean` (``sum(w * loss) / sum(w)``), a scalar;
+    - ``"sum"``: ``sum(w * loss)``, a scalar;
+    - ``"none"``: ``w * loss`` in the shape of ``mask``, 0 at the ignored positions.
+
+    ``w`` is 1 without ``weights``. A batch-level ``auxiliary`` loss (a sampler's, e.g.
+    MIDX-Learn's) is added to the scalars and, under ``"none"``, shared among the scored
+    positions in proportion to ``w``, so that the ``"none"`` losses sum to the ``"sum"`` loss.
+    With no scored position (``T = 0``) the result is 0, attached to the graph of ``z``.
+    """
+    if losses.numel() == 0:  # a rank of a split table with nothing to score still backpropagates
+        losses = losses + z.sum() * 0.0
+    if reduction == "mean":
+        out = weighted_mean(losses, weights) if losses.numel() else losses.sum()
+        return out if auxiliary is None else out + auxiliary
+    weighted = losses if weights is None else losses * weights
+    if reduction == "sum":
+        return weighted.sum() if auxiliary is None else weighted.sum() + auxiliary
+    if auxiliary is not None and losses.numel():
+        share = torch.ones_like(losses) if weights is None else weights
+        weighted = weighted + auxiliary * share / share.sum().clamp(min=torch.finfo().tiny)
+    if losses.numel() == mask.numel():  # every position kept (static, or none ignored)
+        return torch.where(mask, weighted.reshape(mask.shape), 0.0)
+    return weighted.new_zeros(mask.shape).masked_scatter(mask, weighted)
 
 
 def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:

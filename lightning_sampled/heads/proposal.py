@@ -15,8 +15,9 @@ import torch
 from torch import Tensor
 
 from ..samplers import Sampler, UniformSampler
-from .base import OutputHead, mean_or_zero
+from .base import OutputHead
 from .chunked import scored_rows
+from .inputs import check_reduction, reduce_losses
 
 
 class ProposalHead(OutputHead, abc.ABC):
@@ -98,7 +99,14 @@ class ProposalHead(OutputHead, abc.ABC):
             return queries.new_zeros((), dtype=torch.float32)
         return self.sampler.auxiliary_loss(queries, self.class_table())
 
-    def forward(self, z: Tensor, target: Tensor, sample_weight: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None = None,
+        *,
+        reduction: str = "mean",
+    ) -> Tensor:
         """The head's sampled objective: the (``sample_weight``-weighted) mean of
         :meth:`sampled_losses` over the positions whose target is not ``ignore_index``, plus
         :meth:`proposal_loss`; a scalar (``0``, attached to the graph, when no position is
@@ -108,17 +116,25 @@ class ProposalHead(OutputHead, abc.ABC):
             z: ``[..., D]`` queries.
             target: long ``[...]`` targets.
             sample_weight: optional non-negative ``[...]`` (see :class:`OutputHead`).
+            reduction: ``"mean"`` (above), ``"sum"`` (the weighted sum plus
+                :meth:`proposal_loss`) or ``"none"`` (the weighted losses in the shape of
+                ``target``, 0 where ignored, with :meth:`proposal_loss` shared among the scored
+                positions in proportion to their weights, so that they sum to ``"sum"``'s loss;
+                :func:`~lightning_sampled.heads.inputs.reduce_losses`).
 
         Under ``torch.compile`` the ignored positions are weighted 0 instead of dropped (static
         shapes, see :meth:`~OutputHead._valid_rows`) where :meth:`scores_positions_apart`.
         """
+        check_reduction(reduction)
         static = self.scores_positions_apart()
         queries, y, mask = self._valid_rows(z, target, static=static)
-        weights = self._valid_weights(sample_weight, target, mask, static=static)
+        weights = self._valid_weights(
+            sample_weight, target, mask, static=static, reduction=reduction
+        )
         if y.numel() == 0 and not self.is_split:
-            return z.sum() * 0.0
-        loss = mean_or_zero(self.sampled_losses(queries, y), weights, z)
-        return loss + self.proposal_loss(queries)
+            return reduce_losses(z.new_zeros(0, dtype=torch.float32), None, mask, reduction, z)
+        losses = self.sampled_losses(queries, y)
+        return reduce_losses(losses, weights, mask, reduction, z, self.proposal_loss(queries))
 
     @abc.abstractmethod
     def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:

@@ -373,6 +373,47 @@ def test_sample_weight_gives_the_weighted_mean_of_the_position_losses(case):
         head(z, y, w.reshape(-1))
 
 
+@over_cases
+def test_reduction_none_gives_each_positions_weighted_loss_and_sum_their_total(case):
+    head = build(case, **TYPICAL, ignore_index=IGNORE)
+    z, y = batch((3, 4))
+    y[0, 1] = y[2, 3] = IGNORE
+    w = torch.rand(3, 4) * 3
+    mask = y != IGNORE
+    restart_draws(head, SEED)
+    losses, auxiliary = per_position_losses(head, z[mask], y[mask])
+    weighted = losses * w[mask]
+    # the sampler's auxiliary loss is shared in proportion to the weights
+    want = torch.zeros(3, 4).masked_scatter(mask, weighted + auxiliary * w[mask] / w[mask].sum())
+    restart_draws(head, SEED)
+    none = head(z, y, w, reduction="none")
+    assert none.shape == y.shape and none.dtype == torch.float32
+    close(none, want)
+    assert torch.equal(none[~mask], torch.zeros(2))
+    restart_draws(head, SEED)
+    close(head(z, y, w, reduction="sum"), weighted.sum() + auxiliary)
+    restart_draws(head, SEED)
+    close(head(z, y, reduction="sum"), losses.sum() + auxiliary)
+    restart_draws(head, SEED)
+    close(head(z, y, w, reduction="mean"), weighted.sum() / w[mask].sum() + auxiliary)
+    # the exact loss reduces alike
+    exact = -head.log_prob(z, y) * w
+    close(head.full_loss(z, y, w, reduction="none"), exact)
+    close(head.full_loss(z, y, w, reduction="sum"), exact.sum())
+    # weights 0 everywhere have a sum (0), not a mean; every position ignored gives zeros
+    zero = torch.zeros(3, 4)
+    close(head.full_loss(z, y, zero, reduction="sum"), torch.tensor(0.0))
+    ignored = torch.full_like(y, IGNORE)
+    z.requires_grad_()
+    out = head(z, ignored, reduction="none")
+    assert torch.equal(out, zero)
+    out.sum().backward()
+    assert torch.equal(z.grad, torch.zeros_like(z))
+    for fn in (head, head.full_loss):
+        with pytest.raises(ValueError, match="reduction must be one of"):
+            fn(z, y, reduction="batchmean")
+
+
 # -- 5. temperature and normalize ------------------------------------------------------------------
 
 SETTINGS = [(0.5, False), (2.0, True)]
