@@ -149,6 +149,84 @@ def position_weights(
     return weights
 
 
+class GivenNegatives(NamedTuple):
+    """Negatives a caller supplies instead of drawing them (:func:`given_negatives`).
+
+    Attributes:
+        ids: long ``[M]`` (shared by every position) or ``[..., M]`` (per position, the target's
+            shape then ``M``).
+        log_q: fp32, the shape of ``ids``: ``log q_j``, each negative's probability in one draw
+            from the proposal that produced it.
+        target_log_q: fp32 ``[...]`` (the target's shape) ``log q_y``, or ``None``.
+    """
+
+    ids: Tensor
+    log_q: Tensor
+    target_log_q: Tensor | None
+
+    def at(self, mask: Tensor, num_kept: int) -> GivenNegatives:
+        """The same negatives for the ``num_kept`` positions of :func:`scored_positions`: those
+        ``mask`` ``[...]`` marks, or all of them when ``num_kept`` is ``mask``'s size (its
+        ``static`` form). Per-position tensors become ``[T, M]`` / ``[T]``; shared ones stay."""
+
+        def kept(x: Tensor | None) -> Tensor | None:
+            if x is None:
+                return None
+            if num_kept == mask.numel():
+                return x.reshape(num_kept, *x.shape[mask.dim() :])
+            return x[mask]
+
+        if self.ids.dim() > 1:
+            return GivenNegatives(kept(self.ids).long(), kept(self.log_q), kept(self.target_log_q))
+        return GivenNegatives(self.ids.long(), self.log_q, kept(self.target_log_q))
+
+
+def given_negatives(
+    negatives: Tensor,
+    negative_log_q: Tensor | None,
+    target_log_q: Tensor | None,
+    target: Tensor,
+    num_classes: int,
+    padding_idx: int | None = None,
+) -> GivenNegatives:
+    """Validates negatives a caller supplies (:class:`GivenNegatives`) for targets ``target``.
+
+    Raises:
+        ValueError: naming the argument, if ``negatives`` is not ``[M]`` or
+            ``[*target.shape, M]`` with ``M >= 1``, ``negative_log_q`` is missing or not of its
+            shape, or a log-probability is NaN or infinite.
+        IndexError: if a negative is out of ``[0, num_classes)`` or the padding class.
+    """
+    shape = tuple(target.shape)
+    if not isinstance(negatives, Tensor) or negatives.dim() not in (1, target.dim() + 1):
+        raise ValueError(f"negatives must be a tensor [M] or {shape + ('M',)}, got {negatives!r}")
+    if negatives.dim() > 1 and tuple(negatives.shape[:-1]) != shape:
+        raise ValueError(
+            f"per-position negatives must have shape {shape + ('M',)} (the target's, then M), "
+            f"got {tuple(negatives.shape)}"
+        )
+    if negatives.shape[-1] == 0:
+        raise ValueError("negatives must hold at least one negative per position (M >= 1)")
+    check_class_ids("negatives", negatives, num_classes, padding_idx=padding_idx)
+    if negative_log_q is None:
+        raise ValueError(
+            "negatives need negative_log_q, each negative's log-probability under the proposal "
+            "that drew it (log(1 / N) for uniform draws), for the logQ correction"
+        )
+    if not isinstance(negative_log_q, Tensor) or negative_log_q.shape != negatives.shape:
+        got = tuple(negative_log_q.shape) if isinstance(negative_log_q, Tensor) else negative_log_q
+        raise ValueError(
+            f"negative_log_q must have the shape of negatives {tuple(negatives.shape)}, got {got}"
+        )
+    check_finite("negative_log_q", negative_log_q.float())
+    if target_log_q is not None:
+        if not isinstance(target_log_q, Tensor) or tuple(target_log_q.shape) != shape:
+            raise ValueError(f"target_log_q must have the shape of target {shape}")
+        check_finite("target_log_q", target_log_q.float())
+        target_log_q = target_log_q.float()
+    return GivenNegatives(negatives, negative_log_q.float(), target_log_q)
+
+
 def check_reduction(reduction: str) -> None:
     """Checks that ``reduction`` is one of :data:`REDUCTIONS`."""
     if reduction not in REDUCTIONS:

@@ -9,6 +9,7 @@ weight, add the auxiliary loss). A subclass implements :meth:`ProposalHead.sampl
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -125,6 +126,25 @@ class ProposalHead(OutputHead, abc.ABC):
         Under ``torch.compile`` the ignored positions are weighted 0 instead of dropped (static
         shapes, see :meth:`~OutputHead._valid_rows`) where :meth:`scores_positions_apart`.
         """
+        return self.objective(
+            z,
+            target,
+            sample_weight,
+            reduction,
+            lambda queries, y, mask: self.sampled_losses(queries, y),
+        )
+
+    def objective(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None,
+        reduction: str,
+        losses_of: Callable[[Tensor, Tensor, Tensor], Tensor],
+    ) -> Tensor:
+        """:meth:`forward` with the per-position objective ``losses_of(queries [T, D],
+        target [T], mask [...]) -> [T]`` of the scored positions (``mask`` marks them among
+        ``target``'s, or ``T`` is all of them: :meth:`~OutputHead._valid_rows`)."""
         check_reduction(reduction)
         static = self.scores_positions_apart()
         queries, y, mask = self._valid_rows(z, target, static=static)
@@ -133,7 +153,7 @@ class ProposalHead(OutputHead, abc.ABC):
         )
         if y.numel() == 0 and not self.is_split:
             return reduce_losses(z.new_zeros(0, dtype=torch.float32), None, mask, reduction, z)
-        losses = self.sampled_losses(queries, y)
+        losses = losses_of(queries, y, mask)
         return reduce_losses(losses, weights, mask, reduction, z, self.proposal_loss(queries))
 
     @abc.abstractmethod

@@ -43,10 +43,17 @@ from .._validation import check_int, check_positive_int
 from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
 from .in_batch import batch_candidates, in_batch_logits, log_mixture_size
+from .inputs import given_negatives
+from .losses import (
+    check_convention,
+    corrected_candidates,
+    corrects_positive,
+    removes_accidental_hits,
+    sampled_softmax_losses,
+    softmax_losses,
+)
 from .proposal import ProposalHead
 from .stratified import stratified_losses, stratum_size
-
-CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 
 
 class BatchProposal(NamedTuple):
@@ -133,8 +140,7 @@ class SampledSoftmaxHead(ProposalHead):
             if target_counts is not None:
                 raise ValueError("target_counts is only used with in_batch_negatives=True")
         self.shared_negatives = bool(shared_negatives)
-        if convention not in CONVENTIONS:
-            raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+        check_convention(convention)
         self.convention = convention
         if self.sharded and in_batch_negatives:
             raise ValueError(
@@ -153,6 +159,73 @@ class SampledSoftmaxHead(ProposalHead):
             self.sampler, self.shard_ids, self.num_negatives, self.dim
         )
         super()._after_split()
+
+    def forward(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None = None,
+        *,
+        reduction: str = "mean",
+        negatives: Tensor | None = None,
+        negative_log_q: Tensor | None = None,
+        target_log_q: Tensor | None = None,
+        num_hard_negatives: int | None = None,
+    ) -> Tensor:
+        """The sampled objective (:meth:`ProposalHead.forward`), over drawn negatives or, with
+        ``negatives``, over the caller's own (none drawn): the same convention, correction and
+        reduction.
+
+        Args:
+            z, target, sample_weight, reduction: as :meth:`ProposalHead.forward`.
+            negatives: long ``[M]`` (shared by every position) or ``[..., M]`` (per position)
+                class ids, e.g. another model's hard candidates or a retrieval system's.
+            negative_log_q: their log-probability of being drawn in one draw, the shape of
+                ``negatives``: each becomes ``o_j - log(M q_j)``. ``log(1 / N)`` for uniform
+                draws; for a deterministic list there is no ``q``, and a constant gives the plain
+                softmax over the list.
+            target_log_q: ``[...]`` ``log q_y``, needed by the conventions that correct the
+                positive (``"corrected_all"``, ``"tensorflow"``).
+            num_hard_negatives: keep only each position's ``k`` highest corrected negatives
+                (TensorFlow Recommenders' hard-negative mining; biased by design:
+                :func:`~lightning_sampled.heads.losses.hardest`).
+
+        Raises:
+            ValueError: ``negatives`` with ``in_batch_negatives`` or a table split across ranks,
+                or the options of ``negatives`` without it (and the checks of
+                :func:`~lightning_sampled.heads.inputs.given_negatives`).
+        """
+        if negatives is None:
+            if not (negative_log_q is None and target_log_q is None and num_hard_negatives is None):
+                raise ValueError(
+                    "negative_log_q, target_log_q and num_hard_negatives go with negatives="
+                )
+            return super().forward(z, target, sample_weight, reduction=reduction)
+        if self.in_batch_negatives or self.is_split:
+            raise ValueError(
+                "negatives= replaces the drawn negatives of a head without in_batch_negatives on "
+                "a whole table; this head has "
+                + ("in_batch_negatives=True" if self.in_batch_negatives else "a split table")
+            )
+        given = given_negatives(
+            negatives, negative_log_q, target_log_q, target, self.num_classes, self.padding_idx
+        )
+
+        def losses_of(queries: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+            kept = given.at(mask, y.numel())
+            pos, neg = self.target_and_candidate_logits(queries, y, kept.ids)
+            return sampled_softmax_losses(
+                pos,
+                neg,
+                kept.ids,
+                kept.log_q,
+                y,
+                convention=self.convention,
+                target_log_q=kept.target_log_q,
+                num_hard_negatives=num_hard_negatives,
+            )
+
+        return self.objective(z, target, sample_weight, reduction, losses_of)
 
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
         """Corrected logits ``[T, 1 + C]`` of the scored positions: column 0 is the positive,
@@ -234,20 +307,18 @@ class SampledSoftmaxHead(ProposalHead):
     ) -> Tensor:
         """Candidate logits ``[T, C]`` of ids ``[C]`` / ``[T, C]`` minus their log-size, with
         accidental hits at ``-inf`` when the convention removes them."""
-        logits = logits - self._log_size(ids, log_q, batch)
-        if self.removes_accidental_hits:
-            logits = logits.masked_fill(ids.expand_as(logits) == target[:, None], -math.inf)
-        return logits
+        log_size = self._log_size(ids, log_q, batch)
+        return corrected_candidates(logits, ids, log_size, target, self.removes_accidental_hits)
 
     @property
     def corrects_positive(self) -> bool:
         """Whether the positive's logit is logQ-corrected (all but ``"exact_positive"``)."""
-        return self.convention != "exact_positive"
+        return corrects_positive(self.convention)
 
     @property
     def removes_accidental_hits(self) -> bool:
         """Whether negatives equal to the target get ``-inf`` (all but ``"corrected_all"``)."""
-        return self.convention != "corrected_all"
+        return removes_accidental_hits(self.convention)
 
     def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
         """Cross-entropy ``[T]`` of each positive among the corrected logits of
@@ -269,8 +340,3 @@ class SampledSoftmaxHead(ProposalHead):
             f"shared_negatives={self.shared_negatives}, convention={self.convention!r}"
             + (f", num_local_negatives={self.num_local_negatives}" if self.is_split else "")
         )
-
-
-def softmax_losses(logits: Tensor) -> Tensor:
-    """Cross-entropy ``[T]`` of column 0 (the positive) among logits ``[T, 1 + C]``."""
-    return torch.logsumexp(logits, dim=1) - logits[:, 0]

@@ -22,8 +22,8 @@ from .._class_ids import skip_padding
 from .._deprecation import renamed_attribute, take_renamed, warn_renamed
 from .._validation import check_finite_number, check_positive_int
 from ..samplers import Sampler
+from .losses import softmax_losses
 from .proposal import ProposalHead
-from .sampled import softmax_losses
 
 # The first pass gives up (with an error) after this many draws per drawable class.
 _MAX_DRAWS_PER_CLASS = 16

@@ -9,7 +9,7 @@ from fake_samplers import PerQueryOnly, Stream, restart_draws
 from precision_checks import assert_scored_like_fp32
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.heads.sampled import CONVENTIONS
+from lightning_sampled.heads.losses import CONVENTIONS
 from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 

@@ -1,0 +1,27 @@
+"""The README's example of reductions, given negatives and the functional API runs as written
+and gives what the text says."""
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_api_example_runs_and_its_losses_are_what_the_readme_says():
+    section = README.read_text().split("## Per-position losses, your own negatives", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    torch.manual_seed(0)
+    ns: dict = {}
+    exec(code, ns)  # noqa: S102 (the README's own code)
+    per_position, target = ns["per_position"], ns["target"]
+    assert per_position.shape == (32, 20)
+    assert torch.equal(per_position[:, :3], torch.zeros(32, 3))
+    assert (per_position[:, 3:] > 0).all()
+    assert ns["total"].shape == () and ns["loss"].shape == () and ns["sampled"].shape == ()
+    z, weight = ns["z"], ns["weight"]
+    logits = (z @ weight.T).reshape(-1, ns["N"])
+    want = F.cross_entropy(logits, target.reshape(-1), reduction="none").reshape(32, 20)
+    torch.testing.assert_close(ns["exact"], want)
