@@ -52,6 +52,11 @@ class MixtureSampler(Sampler):
                     f"{type(first).__name__} has ({first.num_classes}, {first.padding_idx}), "
                     f"{type(c).__name__} has ({c.num_classes}, {c.padding_idx})"
                 )
+        if any(getattr(c, "unique", False) for c in components):
+            raise ValueError(
+                "a mixture scores every draw by the mixture's probability of one draw; its "
+                "components must draw with replacement (unique=False)"
+            )
         weights = [1.0] * len(components) if weights is None else [float(w) for w in weights]
         if len(weights) != len(components) or not all(math.isfinite(w) and w > 0 for w in weights):
             raise ValueError(

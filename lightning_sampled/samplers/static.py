@@ -11,18 +11,70 @@ from torch import Tensor
 from .._class_ids import padding_to_rank, skip_padding
 from .._validation import check_class_ids
 from .base import Sample, Sampler, lookup
+from .distinct import distinct_draws, expected_count_log_q
 
 
 class _StaticSampler(Sampler):
-    """A proposal that ignores the query: draws of shape ``[M]`` or ``[B, M]`` from one ``q``."""
+    """A proposal that ignores the query: draws of shape ``[M]`` or ``[B, M]`` from one ``q``,
+    with replacement, or with ``unique`` ``M`` distinct classes per set (:mod:`.distinct`:
+    drawn until ``M`` distinct came up, each then scored so that a head's ``log(M q)`` is its
+    expected count ``log(1 - (1 - q)^tries)``, TensorFlow's approximation)."""
 
     query_independent = True
+
+    def __init__(
+        self, num_classes: int, *, padding_idx: int | None = None, unique: bool = False
+    ) -> None:
+        super().__init__(num_classes, padding_idx=padding_idx)
+        if not isinstance(unique, bool):
+            raise ValueError(f"unique must be a bool, got {unique!r}")
+        self.unique = unique
 
     def _sample(
         self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
     ) -> Sample:
-        ids = self._draw(_draw_shape(z, num_samples, shared), z.device, generator)
-        return Sample(ids, self._log_q(ids))
+        return self._sample_with_tries(z, num_samples, shared, generator)[0]
+
+    def _sample_and_score(
+        self,
+        z: Tensor,
+        num_samples: int,
+        ids: Tensor,
+        shared: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[Sample, Tensor]:
+        """The draw and ``log q`` of ``ids``; with ``unique``, scored with the draw's
+        ``tries`` as its own classes are."""
+        sample, tries = self._sample_with_tries(z, num_samples, shared, generator)
+        log_q = self._log_q(ids)
+        if tries is None:
+            return sample, log_q
+        return sample, expected_count_log_q(log_q, tries, num_samples)
+
+    def _sample_with_tries(
+        self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
+    ) -> tuple[Sample, Tensor | None]:
+        """A draw and, with ``unique``, its ``tries`` (:func:`distinct_draws`; else ``None``)."""
+        shape = _draw_shape(z, num_samples, shared)
+        if not self.unique:
+            return Sample(*self._draws(shape, z.device, generator)), None
+        if num_samples > self.num_drawable:
+            raise ValueError(
+                f"unique=True cannot draw {num_samples} distinct classes out of "
+                f"{self.num_drawable}; lower num_negatives"
+            )
+        ids, tries = distinct_draws(lambda s: self._draws(s, z.device, generator)[0], shape)
+        return Sample(ids, expected_count_log_q(self._log_q(ids), tries, num_samples)), tries
+
+    def _draws(
+        self, shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor]:
+        """Ids of ``shape`` drawn with replacement, and their ``log q``."""
+        ids = self._draw(shape, device, generator)
+        return ids, self._log_q(ids)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", unique=True" if self.unique else "")
 
     def _log_prob(self, z: Tensor, ids: Tensor) -> Tensor:
         return self._log_q(ids)
@@ -36,7 +88,11 @@ class _StaticSampler(Sampler):
         smallest = float(weights[weights > 0].min() / weights.sum())
         # alpha 1 keeps the weights; a floor no larger than the smallest changes none
         return UnigramSampler(
-            weights, alpha=1.0, floor=smallest, padding_idx=self.local_padding(ids)
+            weights,
+            alpha=1.0,
+            floor=smallest,
+            padding_idx=self.local_padding(ids),
+            unique=self.unique,
         )
 
     def _mask_padding(self, ids: Tensor, log_q: Tensor) -> Tensor:
@@ -59,12 +115,13 @@ class UniformSampler(_StaticSampler):
     Args:
         num_classes: the number of classes ``N``.
         padding_idx: a class that is never drawn.
+        unique: ``M`` distinct classes per draw (:class:`_StaticSampler`).
     """
 
     def restricted(self, ids: Tensor) -> Sampler:
         """:meth:`Sampler.restricted`: uniform over the classes ``ids``."""
         check_class_ids("ids", ids, self.num_classes)
-        return UniformSampler(ids.numel(), padding_idx=self.local_padding(ids))
+        return UniformSampler(ids.numel(), padding_idx=self.local_padding(ids), unique=self.unique)
 
     def _draw(self, shape, device, generator):
         ranks = torch.randint(self.num_drawable, shape, device=device, generator=generator)
@@ -85,6 +142,8 @@ class LogUniformSampler(_StaticSampler):
     Args:
         num_classes: the number of classes ``N``; ids must be sorted by decreasing frequency.
         padding_idx: a class that is never drawn (the ranks skip it).
+        unique: ``M`` distinct classes per draw (:class:`_StaticSampler`), as TensorFlow's
+            ``log_uniform_candidate_sampler(unique=True)``.
     """
 
     def _draw(self, shape, device, generator):
@@ -116,6 +175,7 @@ class UnigramSampler(_StaticSampler):
         floor: the lower bound ``beta`` on ``f^alpha``; default ``(1 / sum(counts))^alpha``,
             the squashed frequency of a class seen once.
         padding_idx: a class that is never drawn, whatever its count.
+        unique: ``M`` distinct classes per draw (:class:`_StaticSampler`).
     """
 
     def __init__(
@@ -125,6 +185,7 @@ class UnigramSampler(_StaticSampler):
         floor: float | None = None,
         *,
         padding_idx: int | None = None,
+        unique: bool = False,
     ) -> None:
         counts = torch.as_tensor(counts)
         if counts.dim() != 1 or counts.numel() == 0:
@@ -137,7 +198,7 @@ class UnigramSampler(_StaticSampler):
             raise ValueError(f"counts must be finite and non-negative, got an entry {bad}")
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-        super().__init__(counts.numel(), padding_idx=padding_idx)
+        super().__init__(counts.numel(), padding_idx=padding_idx, unique=unique)
         total = float(counts.sum())
         if total <= 0:
             raise ValueError("counts must have a positive sum, got all zeros")
@@ -164,13 +225,13 @@ class UnigramSampler(_StaticSampler):
         threshold, alias = alias_table(log_probs.exp())
         return torch.stack([threshold, alias.double(), log_probs, log_probs[alias]], dim=1)
 
-    def _sample(
-        self, z: Tensor, num_samples: int, shared: bool, generator: torch.Generator | None
-    ) -> Sample:
-        shape = _draw_shape(z, num_samples, shared)
-        u = torch.rand(math.prod(shape), device=z.device, generator=generator, dtype=torch.float64)
+    def _draws(
+        self, shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor]:
+        """Alias draws: each id and its ``log q`` from one packed row."""
+        u = torch.rand(math.prod(shape), device=device, generator=generator, dtype=torch.float64)
         ids, log_q = alias_draw(self.alias_rows, u)
-        return Sample(ids.view(shape), log_q.float().view(shape))
+        return ids.view(shape), log_q.float().view(shape)
 
     def _log_q(self, ids: Tensor) -> Tensor:
         return lookup(self.log_probs, ids)
