@@ -5,8 +5,10 @@ chunks, never an ``[T, N]`` logit matrix).
 
 Both score ``z @ weight.T + bias`` (no temperature, no normalisation: scale ``z`` first), skip
 the positions whose target is ``ignore_index``, weight by ``sample_weight`` and reduce as the
-heads do (``reduction="mean" | "sum" | "none"``); the sampled loss applies the same conventions,
-logQ correction and hard-negative mining as
+heads do (``reduction="mean" | "sum" | "none"``), and take several positives per position
+(``target`` ``[..., P]``, ``positives="each" | "soft_labels"``,
+:data:`~lightning_sampled.heads.losses.POSITIVE_FORMS`); the sampled loss applies the same
+conventions, logQ correction and hard-negative mining as
 :class:`~lightning_sampled.heads.SampledSoftmaxHead` through the functions both call
 (:mod:`lightning_sampled.heads.losses`, :mod:`lightning_sampled.heads.inputs`).
 """
@@ -18,14 +20,21 @@ from torch import Tensor
 
 from .heads.chunked import chunked_nll, in_compute_dtype, resolve_chunk_size
 from .heads.inputs import (
-    ScoredPositions,
+    ScoredPositives,
     check_reduction,
     given_negatives,
+    nothing_scored,
     position_weights,
     reduce_losses,
     scored_positions,
+    scored_positives,
 )
-from .heads.losses import sampled_softmax_losses
+from .heads.losses import (
+    check_positive_form,
+    exact_multi_positive_losses,
+    sampled_multi_positive_losses,
+    sampled_softmax_losses,
+)
 
 __all__ = ["full_softmax_loss", "sampled_softmax_loss"]
 
@@ -41,6 +50,7 @@ def sampled_softmax_loss(
     target_log_q: Tensor | None = None,
     convention: str = "exact_positive",
     num_hard_negatives: int | None = None,
+    positives: str | None = None,
     sample_weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -51,48 +61,57 @@ def sampled_softmax_loss(
         z: ``[..., D]`` queries.
         weight: ``[N, D]`` class vectors; only the rows of the targets and the negatives are
             read (the gradient reaches only them).
-        target: long ``[...]`` class ids, or ``ignore_index``.
+        target: long ``[...]`` class ids, or ``ignore_index``; with ``positives``, ``[..., P]``
+            distinct positives per position, ``ignore_index`` where a position has fewer.
         negatives: long ``[M]`` (shared by the positions) or ``[..., M]`` (per position).
         negative_log_q: the negatives' log-probability in one draw, their shape; each logit
             becomes ``o_j - log(M q_j)``.
         bias: optional ``[N]``.
-        target_log_q: ``[...]`` ``log q_y``, for the conventions that correct the positive.
+        target_log_q: ``log q_y``, the shape of ``target``, for the conventions that correct
+            the positive.
         convention: ``"exact_positive"`` (default), ``"corrected_all"`` or ``"tensorflow"``
             (:class:`~lightning_sampled.heads.SampledSoftmaxHead`).
         num_hard_negatives: keep each position's ``k`` highest corrected negatives.
-        sample_weight: optional non-negative ``[...]``.
-        ignore_index: the target of positions to skip.
+        positives: ``None`` (one positive per position), ``"each"`` or ``"soft_labels"``
+            (:func:`~lightning_sampled.heads.losses.sampled_multi_positive_losses`; a
+            position's loss is the mean over its positives).
+        sample_weight: optional non-negative ``[...]`` (one per position).
+        ignore_index: the target of positions (or absent positives) to skip.
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[...]``, 0 where ignored).
 
     Returns:
         fp32: a scalar, or ``[...]`` under ``"none"``.
     """
-    kept, weights = _scored(z, weight, bias, target, sample_weight, ignore_index, reduction)
-    given = given_negatives(negatives, negative_log_q, target_log_q, target, weight.shape[0])
-    given = given.at(kept.mask, kept.target.numel())
-    y = kept.target
-    ids = (
-        torch.cat([y, given.ids]) if given.ids.dim() == 1 else torch.cat([y[:, None], given.ids], 1)
+    kept, weights = _scored(
+        z, weight, bias, target, sample_weight, ignore_index, reduction, positives
     )
-    queries, rows = in_compute_dtype(kept.z, weight[ids])
-    if given.ids.dim() == 1:
-        pos = (queries * rows[: y.numel()]).sum(-1)
-        neg = queries @ rows[y.numel() :].T
+    given = given_negatives(
+        negatives,
+        negative_log_q,
+        target_log_q,
+        target,
+        weight.shape[0],
+        several=positives is not None,
+    ).at(kept.mask, kept.z.shape[0])
+    pos, neg = _logits(kept.z, weight, bias, kept.targets, given.ids)
+    options = dict(convention=convention, num_hard_negatives=num_hard_negatives)
+    if positives is None:
+        y = kept.targets[:, 0]
+        losses = sampled_softmax_losses(
+            pos[:, 0], neg, given.ids, given.log_q, y, target_log_q=given.target_log_q, **options
+        )
     else:
-        both = torch.einsum("td,tcd->tc", queries, rows)
-        pos, neg = both[:, 0], both[:, 1:]
-    if bias is not None:
-        pos, neg = pos + bias[y], neg + bias[given.ids]
-    losses = sampled_softmax_losses(
-        pos.float(),
-        neg.float(),
-        given.ids,
-        given.log_q,
-        y,
-        convention=convention,
-        target_log_q=given.target_log_q,
-        num_hard_negatives=num_hard_negatives,
-    )
+        losses = sampled_multi_positive_losses(
+            pos,
+            kept.present,
+            neg,
+            given.ids,
+            given.log_q,
+            kept.targets,
+            positives=positives,
+            target_log_q=given.target_log_q,
+            **options,
+        )
     return reduce_losses(losses, weights, kept.mask, reduction, z)
 
 
@@ -103,6 +122,7 @@ def full_softmax_loss(
     *,
     bias: Tensor | None = None,
     label_smoothing: float = 0.0,
+    positives: str | None = None,
     sample_weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -112,16 +132,27 @@ def full_softmax_loss(
     chunks of ``chunk_size`` classes (default: a ``[T, C]`` block of bounded size) without the
     ``[T, N]`` logits, and equal to ``F.cross_entropy`` of those logits (with
     ``label_smoothing``, ``ignore_index``, and the weights and ``reduction`` of
-    :func:`sampled_softmax_loss`).
+    :func:`sampled_softmax_loss`). With ``positives`` (``target`` ``[..., P]``), the exact
+    objective of that form (:func:`~lightning_sampled.heads.losses.exact_multi_positive_losses`),
+    without label smoothing.
 
     Returns:
         fp32: a scalar, or ``[...]`` under ``"none"``.
     """
-    kept, weights = _scored(z, weight, bias, target, sample_weight, ignore_index, reduction)
-    if kept.target.numel() == 0:
-        return reduce_losses(z.new_zeros(0, dtype=torch.float32), None, kept.mask, reduction, z)
-    chunk = resolve_chunk_size(chunk_size, kept.target.numel(), weight.shape[0])
-    losses = chunked_nll(kept.z, weight, bias, kept.target, chunk, label_smoothing=label_smoothing)
+    if positives is not None and label_smoothing:
+        raise ValueError("label_smoothing does not combine with several positives (positives=)")
+    kept, weights = _scored(
+        z, weight, bias, target, sample_weight, ignore_index, reduction, positives
+    )
+    if kept.z.shape[0] == 0:
+        return nothing_scored(kept.mask, reduction, z)
+    chunk = resolve_chunk_size(chunk_size, kept.z.shape[0], weight.shape[0])
+    first = kept.targets[:, 0]
+    losses = chunked_nll(kept.z, weight, bias, first, chunk, label_smoothing=label_smoothing)
+    if positives is not None:
+        pos, _ = _logits(kept.z, weight, bias, kept.targets, None)
+        log_normalizer = losses + pos[:, 0]  # log Z = -log p(first) + o_first
+        losses = exact_multi_positive_losses(log_normalizer, pos, kept.present, positives)
     return reduce_losses(losses, weights, kept.mask, reduction, z)
 
 
@@ -133,19 +164,46 @@ def _scored(
     sample_weight: Tensor | None,
     ignore_index: int,
     reduction: str,
-) -> tuple[ScoredPositions, Tensor | None]:
+    positives: str | None,
+) -> tuple[ScoredPositives, Tensor | None]:
     """Checks the arguments both losses take and keeps the scored positions: ``(positions,
-    their weights [T] or None)``."""
+    their weights [T] or None)``; one positive per position is ``targets`` ``[T, 1]``."""
     check_reduction(reduction)
     if not isinstance(weight, Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a [N, D] tensor, got {getattr(weight, 'shape', weight)}")
     num_classes, dim = weight.shape
     if bias is not None and tuple(bias.shape) != (num_classes,):
         raise ValueError(f"bias must have shape [{num_classes}], got {tuple(bias.shape)}")
-    kept = scored_positions(
-        z, target, num_classes, dim, ignore_index=ignore_index, padding_idx=None
-    )
+    if positives is None:
+        one = scored_positions(
+            z, target, num_classes, dim, ignore_index=ignore_index, padding_idx=None
+        )
+        present = torch.ones_like(one.target, dtype=torch.bool)[:, None]
+        kept = ScoredPositives(one.z, one.target[:, None], present, one.mask)
+    else:
+        check_positive_form(positives)
+        kept = scored_positives(
+            z, target, num_classes, dim, ignore_index=ignore_index, padding_idx=None
+        )
     weights = position_weights(
-        sample_weight, target, kept.mask, ignore_index=ignore_index, mean=reduction == "mean"
+        sample_weight, kept.mask, kept.mask, ignore_index=ignore_index, mean=reduction == "mean"
     )
     return kept, weights
+
+
+def _logits(
+    queries: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, ids: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """fp32 logits of the positives ``targets`` ``[T, K]`` and of the negatives ``ids``
+    (``[M]`` or ``[T, M]``; ``None``: none): ``([T, K], [T, M] or None)``."""
+    queries, _ = in_compute_dtype(queries, weight[:0])
+    pos = torch.einsum("td,tkd->tk", queries, weight[targets].to(queries.dtype)).float()
+    if bias is not None:
+        pos = pos + bias[targets].float()
+    if ids is None:
+        return pos, None
+    rows = weight[ids].to(queries.dtype)
+    neg = (
+        queries @ rows.T if ids.dim() == 1 else torch.einsum("td,tmd->tm", queries, rows)
+    ).float()
+    return pos, neg if bias is None else neg + bias[ids].float()

@@ -25,3 +25,11 @@ def test_the_api_example_runs_and_its_losses_are_what_the_readme_says():
     logits = (z @ weight.T).reshape(-1, ns["N"])
     want = F.cross_entropy(logits, target.reshape(-1), reduction="none").reshape(32, 20)
     torch.testing.assert_close(ns["exact"], want)
+    assert ns["each"].shape == () and torch.isfinite(ns["each"])
+    several = ns["several"]
+    probs = torch.zeros(32 * 20, ns["N"]).scatter_(1, several.reshape(-1, 3).clamp(min=0), 1 / 3)
+    head = ns["head"]
+    logits = (z @ head.weight.T).reshape(-1, ns["N"])  # the head has no bias
+    scored = (several[..., 0] >= 0).reshape(-1)
+    soft = F.cross_entropy(logits[scored], probs[scored])  # soft labels 1 / P
+    torch.testing.assert_close(ns["soft"], soft)

@@ -41,13 +41,17 @@ from .chunked import (
     widened,
 )
 from .inputs import (
+    ScoredPositives,
     check_k,
     check_queries,
     check_reduction,
+    nothing_scored,
     position_weights,
     reduce_losses,
     scored_positions,
+    scored_positives,
 )
+from .losses import check_positive_form, exact_multi_positive_losses
 from .sharded import sharded_embed, sharded_nll, sharded_topk
 
 
@@ -502,6 +506,7 @@ class OutputHead(nn.Module):
         sample_weight: Tensor | None = None,
         *,
         reduction: str = "mean",
+        positives: str | None = None,
     ) -> Tensor:
         """Exact negative log-likelihood of the positions not ``ignore_index``, weighted by
         ``sample_weight`` ``[...]`` when given (class docstring); never label-smoothed.
@@ -511,8 +516,69 @@ class OutputHead(nn.Module):
         :func:`~lightning_sampled.heads.inputs.reduce_losses`). Differentiable; ``0`` (still
         attached to the graph) if every position is ignored, where ``F.cross_entropy`` would
         return NaN.
+
+        ``positives``: ``"each"`` or ``"soft_labels"`` for several positives per position,
+        ``target`` ``[..., P]`` (:meth:`several_positives`).
         """
+        if positives is not None:
+            return self.exact_several_positives_loss(
+                z, target, sample_weight, reduction=reduction, positives=positives
+            )
         return self._exact_loss(z, target, sample_weight, reduction=reduction)
+
+    def several_positives(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None,
+        reduction: str,
+        positives: str,
+    ) -> tuple[ScoredPositives, Tensor, Tensor | None]:
+        """Checks a call with several positives per position (``target`` ``[..., P]``, distinct
+        class ids or ``ignore_index``; ``positives`` one of
+        :data:`~lightning_sampled.heads.losses.POSITIVE_FORMS`) and keeps the positions with a
+        positive: ``(positions, their queries [T, D] as scored, their weights [T] or None)``.
+
+        Raises:
+            ValueError: the table is split across ranks, or the checks of
+                :func:`~lightning_sampled.heads.inputs.scored_positives`.
+        """
+        check_reduction(reduction)
+        check_positive_form(positives)
+        self.refuse_split("positives=", "several positives per position are not built there")
+        kept = scored_positives(
+            z,
+            target,
+            self.num_classes,
+            self.dim,
+            ignore_index=self.ignore_index,
+            padding_idx=self.padding_idx,
+        )
+        weights = self._valid_weights(sample_weight, kept.mask, kept.mask, reduction=reduction)
+        return kept, self.score_queries(kept.z), weights
+
+    def exact_several_positives_loss(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None = None,
+        *,
+        reduction: str = "mean",
+        positives: str,
+    ) -> Tensor:
+        """The exact loss of several positives per position (``target`` ``[..., P]``):
+        :func:`~lightning_sampled.heads.losses.exact_multi_positive_losses` with ``log Z`` from
+        the chunked cross-entropy of each position's first positive, reduced as
+        :meth:`full_loss` says."""
+        kept, queries, weights = self.several_positives(
+            z, target, sample_weight, reduction, positives
+        )
+        if queries.shape[0] == 0:
+            return nothing_scored(kept.mask, reduction, z)
+        target_logits = self.candidate_logits(queries, kept.targets)
+        log_normalizer = self._exact_losses(queries, kept.targets[:, 0]) + target_logits[:, 0]
+        losses = exact_multi_positive_losses(log_normalizer, target_logits, kept.present, positives)
+        return reduce_losses(losses, weights, kept.mask, reduction, z)
 
     def _exact_losses(
         self, queries: Tensor, target: Tensor, label_smoothing: float = 0.0
@@ -547,10 +613,10 @@ class OutputHead(nn.Module):
         queries, y, mask = self._valid_rows(z, target, static=True)
         weights = self._valid_weights(sample_weight, target, mask, static=True, reduction=reduction)
         if y.numel() == 0 and not self.is_split:
-            losses = z.new_zeros(0, dtype=torch.float32)
-        else:
-            losses = self._exact_losses(queries, y, label_smoothing)
-        return reduce_losses(losses, weights, mask, reduction, z)
+            return nothing_scored(mask, reduction, z)
+        return reduce_losses(
+            self._exact_losses(queries, y, label_smoothing), weights, mask, reduction, z
+        )
 
     @torch.no_grad()
     def topk(self, z: Tensor, k: int, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:

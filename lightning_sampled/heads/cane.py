@@ -491,6 +491,7 @@ class CaneHead(ProposalHead):
         sample_weight: Tensor | None = None,
         *,
         reduction: str = "mean",
+        positives: str | None = None,
     ) -> Tensor:
         """CANE loss of ``target`` ``[...]`` given ``z`` ``[..., D]``, weighted by
         ``sample_weight`` ``[...]`` when given and reduced as :meth:`ProposalHead.forward` says
@@ -500,7 +501,7 @@ class CaneHead(ProposalHead):
         candidate (unweighted; a 0-dim tensor, ``None`` when no position is scored).
         """
         self.last_coverage = None
-        return super().forward(z, target, sample_weight, reduction=reduction)
+        return super().forward(z, target, sample_weight, reduction=reduction, positives=positives)
 
     def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
         """The CANE loss ``[T]`` of each scored position (module docstring); sets

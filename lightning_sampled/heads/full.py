@@ -61,10 +61,19 @@ class FullSoftmaxHead(OutputHead):
         sample_weight: Tensor | None = None,
         *,
         reduction: str = "mean",
+        positives: str | None = None,
     ) -> Tensor:
         """Exact (label-smoothed) cross-entropy of ``target`` ``[...]`` given ``z``
         ``[..., D]``, weighted by ``sample_weight`` ``[...]`` when given, reduced as
-        :meth:`~OutputHead.full_loss` says: the mean by default, a scalar."""
+        :meth:`~OutputHead.full_loss` says: the mean by default, a scalar. With ``positives``
+        (``target`` ``[..., P]``), :meth:`~OutputHead.exact_several_positives_loss`, without
+        label smoothing."""
+        if positives is not None:
+            if self.label_smoothing:
+                raise ValueError("label_smoothing does not combine with several positives")
+            return self.exact_several_positives_loss(
+                z, target, sample_weight, reduction=reduction, positives=positives
+            )
         return self._exact_loss(z, target, sample_weight, self.label_smoothing, reduction=reduction)
 
     def _exact_losses(

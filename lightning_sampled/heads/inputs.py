@@ -47,6 +47,61 @@ def check_queries(z: Tensor, num_classes: int, dim: int) -> None:
     check_finite("z", z)
 
 
+class ScoredPositives(NamedTuple):
+    """The positions a head scores when each has several positives (``target`` ``[..., P]``).
+
+    Attributes:
+        z: ``[T, D]`` the queries of the positions with at least one positive (raw).
+        targets: long ``[T, P]`` their positives; absent ones (``ignore_index``) replaced by
+            the row's first positive, so that every entry is a class id.
+        present: bool ``[T, P]``, the positives that are there.
+        mask: bool ``[...]`` (``target.shape[:-1]``), the positions kept.
+    """
+
+    z: Tensor
+    targets: Tensor
+    present: Tensor
+    mask: Tensor
+
+
+def scored_positives(
+    z: Tensor,
+    target: Tensor,
+    num_classes: int,
+    dim: int,
+    *,
+    ignore_index: int,
+    padding_idx: int | None,
+) -> ScoredPositives:
+    """Validates ``z`` ``[..., dim]`` and several positives per position ``target``
+    ``[..., P]`` (class ids, or ``ignore_index`` where a position has fewer than ``P``; all
+    ``ignore_index``: the position is skipped) and keeps the positions with a positive.
+
+    Raises:
+        ValueError: if ``target`` is not ``[*z.shape[:-1], P]``, or a position lists a class
+            twice.
+        IndexError: for ids out of range or the padding class (:func:`check_class_ids`).
+    """
+    check_queries(z, num_classes, dim)
+    if target.dim() != z.dim() or tuple(target.shape[:-1]) != tuple(z.shape[:-1]):
+        raise ValueError(
+            f"with several positives, target must have shape {tuple(z.shape[:-1])} + (P,) "
+            f"(z without its last dim, then the positives), got {tuple(target.shape)}"
+        )
+    check_class_ids(
+        "target", target, num_classes, ignore_index=ignore_index, padding_idx=padding_idx
+    )
+    there = target != ignore_index
+    mask = there.any(dim=-1)
+    targets, present = target[mask].long(), there[mask]
+    first = targets.gather(1, present.long().argmax(dim=1, keepdim=True))
+    targets = torch.where(present, targets, first)
+    listed = targets.masked_fill(~present, -1).sort(dim=1).values
+    if bool(((listed[:, 1:] == listed[:, :-1]) & (listed[:, 1:] >= 0)).any()):
+        raise ValueError("a position lists the same positive twice; list each class once")
+    return ScoredPositives(z[mask], targets, present, mask)
+
+
 def check_k(k: int, num_classes: int) -> None:
     """Checks that ``k`` is an integer in ``[1, num_classes]``."""
     check_positive_int("k", k)
@@ -188,8 +243,12 @@ def given_negatives(
     target: Tensor,
     num_classes: int,
     padding_idx: int | None = None,
+    *,
+    several: bool = False,
 ) -> GivenNegatives:
-    """Validates negatives a caller supplies (:class:`GivenNegatives`) for targets ``target``.
+    """Validates negatives a caller supplies (:class:`GivenNegatives`) for targets ``target``
+    (``[...]``, or ``[..., P]`` with ``several`` positives per position, whose ``target_log_q``
+    is then ``[..., P]``).
 
     Raises:
         ValueError: naming the argument, if ``negatives`` is not ``[M]`` or
@@ -197,8 +256,8 @@ def given_negatives(
             shape, or a log-probability is NaN or infinite.
         IndexError: if a negative is out of ``[0, num_classes)`` or the padding class.
     """
-    shape = tuple(target.shape)
-    if not isinstance(negatives, Tensor) or negatives.dim() not in (1, target.dim() + 1):
+    shape = tuple(target.shape[:-1] if several else target.shape)
+    if not isinstance(negatives, Tensor) or negatives.dim() not in (1, len(shape) + 1):
         raise ValueError(f"negatives must be a tensor [M] or {shape + ('M',)}, got {negatives!r}")
     if negatives.dim() > 1 and tuple(negatives.shape[:-1]) != shape:
         raise ValueError(
@@ -220,8 +279,8 @@ def given_negatives(
         )
     check_finite("negative_log_q", negative_log_q.float())
     if target_log_q is not None:
-        if not isinstance(target_log_q, Tensor) or tuple(target_log_q.shape) != shape:
-            raise ValueError(f"target_log_q must have the shape of target {shape}")
+        if not isinstance(target_log_q, Tensor) or target_log_q.shape != target.shape:
+            raise ValueError(f"target_log_q must have the shape of target {tuple(target.shape)}")
         check_finite("target_log_q", target_log_q.float())
         target_log_q = target_log_q.float()
     return GivenNegatives(negatives, negative_log_q.float(), target_log_q)
@@ -267,6 +326,12 @@ def reduce_losses(
     if losses.numel() == mask.numel():  # every position kept (static, or none ignored)
         return torch.where(mask, weighted.reshape(mask.shape), 0.0)
     return weighted.new_zeros(mask.shape).masked_scatter(mask, weighted)
+
+
+def nothing_scored(mask: Tensor, reduction: str, z: Tensor) -> Tensor:
+    """:func:`reduce_losses` of a call that scores no position (``mask`` ``[...]`` all
+    ``False``): 0, or zeros of ``mask``'s shape under ``"none"``, attached to ``z``'s graph."""
+    return reduce_losses(z.new_zeros(0, dtype=torch.float32), None, mask, reduction, z)
 
 
 def weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:

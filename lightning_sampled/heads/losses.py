@@ -13,12 +13,24 @@ from torch import Tensor
 from .._validation import check_positive_int
 
 CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
+#: the objectives of a position with several positives ``S`` (``positives=``):
+#: ``"each"``, one softmax per positive ``p`` over ``p`` and the classes outside ``S`` (the other
+#: positives are neither negatives nor accidental hits; sequential recommendation's form);
+#: ``"soft_labels"``, one softmax over all classes with the positives as labels ``1 / |S|``
+#: (TensorFlow's ``num_true``)
+POSITIVE_FORMS = ("each", "soft_labels")
 
 
 def check_convention(convention: str) -> None:
     """Checks that ``convention`` is one of :data:`CONVENTIONS`."""
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+
+
+def check_positive_form(positives: str) -> None:
+    """Checks that ``positives`` is one of :data:`POSITIVE_FORMS`."""
+    if positives not in POSITIVE_FORMS:
+        raise ValueError(f"positives must be one of {POSITIVE_FORMS} or None, got {positives!r}")
 
 
 def corrects_positive(convention: str) -> bool:
@@ -105,3 +117,91 @@ def sampled_softmax_losses(
             )
         target_logits = target_logits - (log_m + target_log_q)
     return softmax_losses(torch.cat([target_logits[:, None], negatives], dim=1))
+
+
+def mean_over_positives(losses: Tensor, present: Tensor) -> Tensor:
+    """``[T]``: each row's mean of ``losses`` ``[T, P]`` over its ``present`` positives."""
+    return losses.masked_fill(~present, 0.0).sum(dim=1) / present.sum(dim=1)
+
+
+def exact_multi_positive_losses(
+    log_normalizer: Tensor, target_logits: Tensor, present: Tensor, positives: str
+) -> Tensor:
+    """The exact loss ``[T]`` of positions with several positives ``S`` (``positives``, one of
+    :data:`POSITIVE_FORMS`), the mean over ``S`` of each positive ``p``'s
+
+    - ``"soft_labels"``: ``log Z - o_p``;
+    - ``"each"``: ``log(e^{o_p} + Z - sum_{q in S} e^{o_q}) - o_p``, in fp64.
+
+    Args:
+        log_normalizer: ``[T]`` ``log Z``, over every class.
+        target_logits: fp32 ``[T, P]`` the positives' logits.
+        present: bool ``[T, P]`` which positives are there (distinct classes).
+        positives: the form.
+    """
+    check_positive_form(positives)
+    if positives == "soft_labels":
+        return mean_over_positives(log_normalizer[:, None] - target_logits, present)
+    shares = (target_logits.double() - log_normalizer.double()[:, None]).exp() * present
+    rest = (1.0 - shares.sum(dim=1, keepdim=True)).clamp(min=0.0)  # Z_rest / Z
+    losses = log_normalizer[:, None] + (shares + rest).log().float() - target_logits
+    return mean_over_positives(losses, present)
+
+
+def sampled_multi_positive_losses(
+    target_logits: Tensor,
+    present: Tensor,
+    candidate_logits: Tensor,
+    candidates: Tensor,
+    candidate_log_q: Tensor,
+    targets: Tensor,
+    *,
+    positives: str,
+    convention: str = "exact_positive",
+    target_log_q: Tensor | None = None,
+    num_hard_negatives: int | None = None,
+) -> Tensor:
+    """:func:`sampled_softmax_losses` for positions with several positives ``S``: the mean over
+    ``S`` of each positive's loss, ``[T]``. Negatives equal to a positive other than the one
+    scored never count (``"each"``); negatives equal to the scored positive (``"each"``) or to
+    any positive (``"soft_labels"``) are accidental hits, removed as ``convention`` says. Under
+    ``"exact_positive"`` the corrected negatives estimate ``Z`` less the positives' share, so
+    both forms tend to :func:`exact_multi_positive_losses` as ``M`` grows.
+
+    Args:
+        target_logits: fp32 ``[T, P]``; present: bool ``[T, P]``; targets: long ``[T, P]``.
+        candidate_logits, candidates, candidate_log_q, convention, num_hard_negatives: as
+            :func:`sampled_softmax_losses`.
+        positives: one of :data:`POSITIVE_FORMS`.
+        target_log_q: ``[T, P]`` the positives' ``log q``, for the conventions that correct them.
+    """
+    check_convention(convention)
+    check_positive_form(positives)
+    if num_hard_negatives is not None:
+        check_positive_int("num_hard_negatives", num_hard_negatives)
+    log_m = math.log(candidates.shape[-1])
+    negatives = candidate_logits - (log_m + candidate_log_q)
+    ids = candidates.expand_as(negatives)
+    same = ids[:, None, :] == targets[:, :, None]  # [T, P, M]: negative m is positive p
+    of_any = (same & present[:, :, None]).any(dim=1)  # [T, M]: negative m is a positive
+    if corrects_positive(convention):
+        if target_log_q is None:
+            raise ValueError(
+                f"convention={convention!r} corrects the positives' logits: give target_log_q"
+            )
+        target_logits = target_logits - (log_m + target_log_q)
+    remove = removes_accidental_hits(convention)
+    if positives == "soft_labels":
+        if remove:
+            negatives = negatives.masked_fill(of_any, -math.inf)
+        negatives = hardest(negatives, num_hard_negatives)
+        own = target_logits.masked_fill(~present, -math.inf)
+        log_normalizer = torch.logsumexp(torch.cat([own, negatives], dim=1), dim=1)
+        return mean_over_positives(log_normalizer[:, None] - target_logits, present)
+    excluded = of_any[:, None, :] if remove else of_any[:, None, :] & ~same
+    per_positive = negatives[:, None, :].expand(-1, targets.shape[1], -1)
+    per_positive = per_positive.masked_fill(excluded, -math.inf)  # [T, P, M]
+    if num_hard_negatives is not None and num_hard_negatives < per_positive.shape[-1]:
+        per_positive = per_positive.topk(num_hard_negatives, dim=-1).values
+    both = torch.cat([target_logits[:, :, None], per_positive], dim=-1)
+    return mean_over_positives(torch.logsumexp(both, dim=-1) - target_logits, present)

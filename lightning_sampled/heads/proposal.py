@@ -18,7 +18,7 @@ from torch import Tensor
 from ..samplers import Sampler, UniformSampler
 from .base import OutputHead
 from .chunked import scored_rows
-from .inputs import check_reduction, reduce_losses
+from .inputs import check_reduction, nothing_scored, reduce_losses
 
 
 class ProposalHead(OutputHead, abc.ABC):
@@ -107,6 +107,7 @@ class ProposalHead(OutputHead, abc.ABC):
         sample_weight: Tensor | None = None,
         *,
         reduction: str = "mean",
+        positives: str | None = None,
     ) -> Tensor:
         """The head's sampled objective: the (``sample_weight``-weighted) mean of
         :meth:`sampled_losses` over the positions whose target is not ``ignore_index``, plus
@@ -122,10 +123,17 @@ class ProposalHead(OutputHead, abc.ABC):
                 ``target``, 0 where ignored, with :meth:`proposal_loss` shared among the scored
                 positions in proportion to their weights, so that they sum to ``"sum"``'s loss;
                 :func:`~lightning_sampled.heads.inputs.reduce_losses`).
+            positives: several positives per position, where the head takes them
+                (:class:`~lightning_sampled.heads.SampledSoftmaxHead`); refused here.
 
         Under ``torch.compile`` the ignored positions are weighted 0 instead of dropped (static
         shapes, see :meth:`~OutputHead._valid_rows`) where :meth:`scores_positions_apart`.
         """
+        if positives is not None:
+            raise ValueError(
+                f"{type(self).__name__} scores one positive per position; SampledSoftmaxHead and "
+                "FullSoftmaxHead take several (positives=), and every head's full_loss does"
+            )
         return self.objective(
             z,
             target,
@@ -152,7 +160,7 @@ class ProposalHead(OutputHead, abc.ABC):
             sample_weight, target, mask, static=static, reduction=reduction
         )
         if y.numel() == 0 and not self.is_split:
-            return reduce_losses(z.new_zeros(0, dtype=torch.float32), None, mask, reduction, z)
+            return nothing_scored(mask, reduction, z)
         losses = losses_of(queries, y, mask)
         return reduce_losses(losses, weights, mask, reduction, z, self.proposal_loss(queries))
 

@@ -43,12 +43,13 @@ from .._validation import check_int, check_positive_int
 from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
 from .in_batch import batch_candidates, in_batch_logits, log_mixture_size
-from .inputs import given_negatives
+from .inputs import given_negatives, nothing_scored, reduce_losses
 from .losses import (
     check_convention,
     corrected_candidates,
     corrects_positive,
     removes_accidental_hits,
+    sampled_multi_positive_losses,
     sampled_softmax_losses,
     softmax_losses,
 )
@@ -171,10 +172,11 @@ class SampledSoftmaxHead(ProposalHead):
         negative_log_q: Tensor | None = None,
         target_log_q: Tensor | None = None,
         num_hard_negatives: int | None = None,
+        positives: str | None = None,
     ) -> Tensor:
         """The sampled objective (:meth:`ProposalHead.forward`), over drawn negatives or, with
         ``negatives``, over the caller's own (none drawn): the same convention, correction and
-        reduction.
+        reduction; with ``positives``, of several positives per position.
 
         Args:
             z, target, sample_weight, reduction: as :meth:`ProposalHead.forward`.
@@ -184,11 +186,16 @@ class SampledSoftmaxHead(ProposalHead):
                 ``negatives``: each becomes ``o_j - log(M q_j)``. ``log(1 / N)`` for uniform
                 draws; for a deterministic list there is no ``q``, and a constant gives the plain
                 softmax over the list.
-            target_log_q: ``[...]`` ``log q_y``, needed by the conventions that correct the
-                positive (``"corrected_all"``, ``"tensorflow"``).
+            target_log_q: ``log q_y`` (the shape of ``target``), needed with ``negatives`` by
+                the conventions that correct the positive (``"corrected_all"``,
+                ``"tensorflow"``).
             num_hard_negatives: keep only each position's ``k`` highest corrected negatives
                 (TensorFlow Recommenders' hard-negative mining; biased by design:
                 :func:`~lightning_sampled.heads.losses.hardest`).
+            positives: ``"each"`` or ``"soft_labels"`` with ``target`` ``[..., P]`` (distinct
+                positives, ``ignore_index`` where fewer):
+                :func:`~lightning_sampled.heads.losses.sampled_multi_positive_losses`, each
+                position's loss the mean over its positives; not with ``in_batch_negatives``.
 
         Raises:
             ValueError: ``negatives`` with ``in_batch_negatives`` or a table split across ranks,
@@ -200,7 +207,13 @@ class SampledSoftmaxHead(ProposalHead):
                 raise ValueError(
                     "negative_log_q, target_log_q and num_hard_negatives go with negatives="
                 )
-            return super().forward(z, target, sample_weight, reduction=reduction)
+            if positives is None:
+                return super().forward(z, target, sample_weight, reduction=reduction)
+        if positives is not None:
+            return self._several_positives_objective(
+                z, target, sample_weight, reduction, positives, negatives,
+                negative_log_q, target_log_q, num_hard_negatives,
+            )  # fmt: skip
         if self.in_batch_negatives or self.is_split:
             raise ValueError(
                 "negatives= replaces the drawn negatives of a head without in_batch_negatives on "
@@ -226,6 +239,52 @@ class SampledSoftmaxHead(ProposalHead):
             )
 
         return self.objective(z, target, sample_weight, reduction, losses_of)
+
+    def _several_positives_objective(
+        self,
+        z: Tensor,
+        target: Tensor,
+        sample_weight: Tensor | None,
+        reduction: str,
+        positives: str,
+        negatives: Tensor | None,
+        negative_log_q: Tensor | None,
+        target_log_q: Tensor | None,
+        num_hard_negatives: int | None,
+    ) -> Tensor:
+        """:meth:`forward` with several positives per position (``target`` ``[..., P]``)."""
+        if self.in_batch_negatives:
+            raise ValueError(
+                "positives= does not combine with in_batch_negatives=True (the batch's other "
+                "targets would have to be told apart from each position's own positives)"
+            )
+        kept, queries, weights = self.several_positives(
+            z, target, sample_weight, reduction, positives
+        )
+        if queries.shape[0] == 0:
+            return nothing_scored(kept.mask, reduction, z)
+        if negatives is None:
+            draw, positive_log_q = self._draw(queries.detach(), kept.targets)
+            ids, log_q = draw.ids, draw.log_q
+        else:
+            given = given_negatives(
+                negatives, negative_log_q, target_log_q, target, self.num_classes,
+                self.padding_idx, several=True,
+            ).at(kept.mask, queries.shape[0])  # fmt: skip
+            ids, log_q, positive_log_q = given.ids, given.log_q, given.target_log_q
+        losses = sampled_multi_positive_losses(
+            self.candidate_logits(queries, kept.targets),
+            kept.present,
+            self.candidate_logits(queries, ids),
+            ids,
+            log_q,
+            kept.targets,
+            positives=positives,
+            convention=self.convention,
+            target_log_q=positive_log_q,
+            num_hard_negatives=num_hard_negatives,
+        )
+        return reduce_losses(losses, weights, kept.mask, reduction, z, self.proposal_loss(queries))
 
     def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
         """Corrected logits ``[T, 1 + C]`` of the scored positions: column 0 is the positive,
@@ -264,13 +323,15 @@ class SampledSoftmaxHead(ProposalHead):
 
     def _draw(self, z: Tensor, target: Tensor) -> tuple[Sample, Tensor | None]:
         """The sampler's draws for queries ``z`` ``[T, D]`` and, when the positive is corrected,
-        the targets' ``log q`` ``[T]`` from the same proposal."""
+        the targets' ``log q`` (``target``'s shape: ``[T]``, or ``[T, P]`` for several
+        positives) from the same proposal."""
         m, shared = self.num_negatives, self.shared_negatives
         with torch.no_grad():
             if not self.corrects_positive:
                 return self.sampler.sample(z, m, shared=shared), None
-            draw, log_q = self.sampler.sample_and_score(z, m, target[:, None], shared=shared)
-        return draw, log_q[:, 0]
+            ids = target.view(target.shape[0], -1)
+            draw, log_q = self.sampler.sample_and_score(z, m, ids, shared=shared)
+        return draw, log_q.view(target.shape)
 
     def _batch_proposal(self, target: Tensor) -> BatchProposal:
         """The in-batch proposal of a batch of targets ``[T]``, counted into ``q_b`` in
