@@ -1,10 +1,18 @@
 """Exact full-ranking metrics, beyond-accuracy metrics of recommended lists (coverage, popularity,
-Gini) and perplexity, as torchmetrics Metrics with sum states."""
+Gini, entropy, long-tail share) and perplexity, as torchmetrics Metrics with sum states."""
 
-from .beyond_accuracy import AveragePopularity, GiniIndex, ItemCoverage, recommended_ids
+from .beyond_accuracy import (
+    AveragePopularity,
+    GiniIndex,
+    ItemCoverage,
+    ShannonEntropy,
+    TailPercentage,
+    recommended_ids,
+    tail_classes,
+)
 from .evaluate import RANKING_METRICS, evaluate_ranking, evaluation_sampler
 from .perplexity import Perplexity
-from .ranking import MAP, MRR, NDCG, Precision, RankingMetric, Recall, ranking_hits
+from .ranking import MAP, MRR, NDCG, Hit, Precision, RankingMetric, Recall, ranking_hits
 
 __all__ = [
     "MAP",
@@ -13,13 +21,17 @@ __all__ = [
     "RANKING_METRICS",
     "AveragePopularity",
     "GiniIndex",
+    "Hit",
     "ItemCoverage",
     "Perplexity",
     "Precision",
     "RankingMetric",
     "Recall",
+    "ShannonEntropy",
+    "TailPercentage",
     "evaluate_ranking",
     "evaluation_sampler",
     "ranking_hits",
     "recommended_ids",
+    "tail_classes",
 ]

@@ -1,8 +1,9 @@
-"""Beyond-accuracy metrics of recommended lists at ``k``: item coverage, average popularity, Gini.
+"""Beyond-accuracy metrics of recommended lists at ``k``: item coverage, average popularity, Gini,
+Shannon entropy, tail percentage.
 
-The definitions are RecBole's (``ItemCoverage``, ``AveragePopularity`` and ``GiniIndex`` in
-``recbole.evaluator.metrics``, version 1.2.1), for the top-``k`` lists ``R(u)`` of the users ``U``
-seen so far and a catalog of ``N`` items:
+The definitions are RecBole's (``ItemCoverage``, ``AveragePopularity``, ``GiniIndex``,
+``ShannonEntropy`` and ``TailPercentage`` in ``recbole.evaluator.metrics``, version 1.2.1), for the
+top-``k`` lists ``R(u)`` of the users ``U`` seen so far and a catalog of ``N`` items:
 
 - ``ItemCoverage@k = |union_u R(u)| / N``, the fraction of the catalog recommended to anyone;
 - ``AveragePopularity@k = mean_u sum_{i in R(u)} phi(i) / |R(u)|``, with ``phi(i)`` the number of
@@ -10,20 +11,27 @@ seen so far and a catalog of ``N`` items:
 - ``GiniIndex@k = sum_{j=1}^{N} (2j - N - 1) P_(j) / (N sum_j P_(j))``, where ``P_(1) <= ... <=
   P_(N)`` are the exposure counts of all ``N`` items (how many lists hold each item) in increasing
   order, never-recommended items included (0: every item equally exposed; ``(N - 1) / N``: one
-  item in every list and nothing else).
+  item in every list and nothing else);
+- ``ShannonEntropy@k = -sum_{i: P_i > 0} p_i ln p_i / |{i: P_i > 0}|`` with ``p_i = P_i / sum_j
+  P_j``: the entropy of the exposure distribution *divided by the number of distinct recommended
+  items* (RecBole's quirk, see :class:`ShannonEntropy`);
+- ``TailPercentage@k = mean_u |R(u) & T| / |R(u)|``, the share of long-tail items ``T`` in each
+  list, with RecBole's tail set from the training counts ``phi`` (see :class:`TailPercentage`).
 
 ``N`` is the number of classes the head scores. RecBole's ``num_items`` also counts its padding
 item, as ``num_classes`` does in the recipes (item 0), so the values agree with RecBole's on the
 same lists.
 
 The states are sums, reduced by summation under DDP: an exposure count per item (long ``[N]``)
-for coverage and Gini, a popularity sum and a list count for the average popularity. Lists arrive
-in chunks as top-``k'`` class ids ``[..., k']`` (``k' >= k``, rank order, e.g. from a head's
-``topk``); a negative id means "no item at this rank" and is not a recommendation.
+for coverage, Gini and entropy; a sum of per-list values and a list count for the average
+popularity and the tail percentage. Lists arrive in chunks as top-``k'`` class ids ``[..., k']``
+(``k' >= k``, rank order, e.g. from a head's ``topk``); a negative id means "no item at this rank"
+and is not a recommendation.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -186,6 +194,34 @@ class GiniIndex(_ExposureMetric):
         return ((2 * rank - n - 1) * counts).sum().div(n * total).float()
 
 
+class ShannonEntropy(_ExposureMetric):
+    """Shannon entropy at ``k`` of the classes' exposure in the top-``k`` lists, over ``D`` classes.
+
+    RecBole 1.2.1's ``ShannonEntropy``: with ``P_i`` the number of lists that hold class ``i`` and
+    ``p_i = P_i / sum_j P_j``, the value is ``-sum_{i: P_i > 0} p_i ln p_i / D`` where ``D`` is the
+    number of distinct classes recommended (natural log). Quirk kept from RecBole: the entropy is
+    divided by ``D`` (``get_entropy`` returns ``result / len(item_count)``), so it is not the
+    plain entropy and does not grow with diversity as the entropy does: ``D`` classes shown
+    equally often give ``ln(D) / D``, which falls as ``D`` grows beyond 3. ``sum_j P_j`` counts
+    the ranks that hold a class (``|U| k`` unless lists are padded with negative ids, which RecBole
+    never has). Args as in :class:`ItemCoverage`; the state is ``exposure`` (long ``[N]``, summed
+    under DDP).
+    """
+
+    higher_is_better: bool = True
+    plot_lower_bound: float = 0.0
+    short_name = "shannon_entropy"
+
+    def compute(self) -> Tensor:
+        """``-sum_i p_i ln p_i / D`` over the ``D`` classes with ``P_i > 0``, a float32 scalar (0
+        before any list)."""
+        counts = self.exposure[self.exposure > 0].double()
+        if counts.numel() == 0:
+            return torch.zeros((), dtype=torch.float32, device=counts.device)
+        p = counts / counts.sum()
+        return (-(p * p.log()).sum() / counts.numel()).float()
+
+
 class AveragePopularity(_RecommendedListMetric):
     """Average popularity at ``k``: the mean over lists of the mean training count of their items.
 
@@ -238,6 +274,117 @@ class AveragePopularity(_RecommendedListMetric):
         if int(self.num_lists) == 0:
             return torch.zeros((), dtype=torch.float32, device=self.popularity_sum.device)
         return (self.popularity_sum / self.num_lists).float()
+
+
+class TailPercentage(_RecommendedListMetric):
+    """Tail percentage at ``k``: the mean over lists of the share of long-tail classes in them.
+
+    RecBole 1.2.1's ``TailPercentage``: ``mean_u |R(u) & T| / |R(u)|``. The tail set ``T`` comes
+    from the training counts ``phi`` as RecBole's ``get_tail`` builds it from
+    ``dataset.item_counter``, which holds only the items seen in training:
+
+    - ``tail_ratio > 1``: an absolute count, ``T = {i : 0 < phi(i) <= tail_ratio}``;
+    - ``0 < tail_ratio <= 1``: a share, ``T`` = the ``max(int(M * tail_ratio), 1)`` classes with
+      the smallest ``phi`` among the ``M`` classes with ``phi > 0``, ties broken by the smaller
+      class id (RecBole sorts by ``(count, id)``; ``int`` truncates the product in floating point).
+
+    Quirks kept from RecBole: a class with ``phi = 0`` (never seen in training, such as the padding
+    class) is never in the tail, since ``item_counter`` does not hold it; ``tail_ratio = 1`` means
+    every class with ``phi > 0``, not ``phi <= 1``; with ``M = 0`` the tail is empty. RecBole
+    replaces a ``tail_ratio`` that is ``None`` or ``<= 0`` by 0.1 silently; here ``None`` means 0.1
+    and a value ``<= 0`` raises ``ValueError``. ``|R(u)|`` counts the ranks that hold a class
+    (``k`` unless the list is padded with negative ids); a list without any class is skipped.
+
+    States (sums under DDP): ``tail_sum`` (float64, the lists' tail shares) and ``num_lists``
+    (long). ``tail`` (bool ``[N]``, the tail set) is a non-persistent buffer.
+
+    Args:
+        k: how many ranks of each list count.
+        class_counts: ``phi``, non-negative ``[N]`` training counts; ``N`` is its length.
+        tail_ratio: RecBole's ``tail_ratio``: a share of the classes in ``(0, 1]`` or a count
+            ``> 1`` (see above); ``None`` for RecBole's default 0.1.
+        ignore_index: target value of a query whose list is skipped.
+        kwargs: passed to :class:`torchmetrics.Metric`.
+    """
+
+    higher_is_better: bool = True
+    plot_lower_bound: float = 0.0
+    plot_upper_bound: float = 1.0
+    short_name = "tail_percentage"
+
+    tail: Tensor
+    tail_sum: Tensor
+    num_lists: Tensor
+
+    def __init__(
+        self,
+        k: int = 10,
+        *,
+        class_counts: Tensor | Sequence[float],
+        tail_ratio: float | None = 0.1,
+        **kwargs: Any,
+    ) -> None:
+        counts = _check_class_counts(class_counts)
+        if tail_ratio is None:
+            tail_ratio = 0.1
+        if (
+            isinstance(tail_ratio, bool)
+            or not isinstance(tail_ratio, (int, float))
+            or not math.isfinite(tail_ratio)
+            or tail_ratio <= 0
+        ):
+            raise ValueError(
+                f"tail_ratio must be a share in (0, 1] or a count > 1, got {tail_ratio!r}"
+            )
+        super().__init__(k, counts.numel(), **kwargs)
+        self.tail_ratio = tail_ratio
+        self.register_buffer("tail", tail_classes(counts, tail_ratio), persistent=False)
+        self.add_state(
+            "tail_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        self.add_state("num_lists", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def _add_lists(self, ids: Tensor) -> None:
+        shown = ids >= 0
+        in_tail = self.tail[ids.clamp(min=0)] & shown
+        length = shown.sum(dim=1)
+        kept = length > 0
+        share = in_tail.sum(dim=1, dtype=torch.float64)[kept] / length[kept]
+        self.tail_sum += share.sum()
+        self.num_lists += kept.sum()
+
+    def compute(self) -> Tensor:
+        """The mean tail share over lists, a float32 scalar (0 before any list)."""
+        if int(self.num_lists) == 0:
+            return torch.zeros((), dtype=torch.float32, device=self.tail_sum.device)
+        return (self.tail_sum / self.num_lists).float()
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, tail_ratio={self.tail_ratio}"
+
+
+def tail_classes(class_counts: Tensor, tail_ratio: float) -> Tensor:
+    """RecBole 1.2.1's long-tail set (``TailPercentage.get_tail``) as a bool ``[N]`` mask.
+
+    Args:
+        class_counts: float64 ``[N]`` training counts ``phi``; classes with ``phi = 0`` are never
+            in the tail (RecBole's ``item_counter`` does not hold them).
+        tail_ratio: ``> 1``: ``phi <= tail_ratio``; in ``(0, 1]``: the ``max(int(M * tail_ratio),
+            1)`` least-counted of the ``M`` classes with ``phi > 0``, ties by smaller id.
+
+    Returns:
+        bool ``[N]``, ``True`` for the classes in the tail.
+    """
+    seen = class_counts > 0
+    if tail_ratio > 1:
+        return seen & (class_counts <= tail_ratio)
+    seen_ids = seen.nonzero().flatten()
+    cut = max(int(seen_ids.numel() * tail_ratio), 1)
+    # a stable sort of the seen classes (in id order) by count = RecBole's sort by (count, id)
+    order = class_counts[seen_ids].sort(stable=True).indices
+    tail = torch.zeros_like(seen)
+    tail[seen_ids[order[:cut]]] = True
+    return tail
 
 
 def _check_class_counts(class_counts: Tensor | Sequence[float]) -> Tensor:

@@ -19,6 +19,7 @@ from .ranking import (
     MRR,
     NDCG,
     EmptyTargetAction,
+    Hit,
     Precision,
     RankingMetric,
     Recall,
@@ -31,6 +32,7 @@ RANKING_METRICS: dict[str, type[RankingMetric]] = {
     "precision": Precision,
     "mrr": MRR,
     "map": MAP,
+    "hit": Hit,
 }
 
 EncodeFn = Callable[[Any], "tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor | None]"]

@@ -1,4 +1,4 @@
-"""Exact ranking metrics at ``k`` (NDCG, Recall, Precision, MRR, MAP) with O(1) sum states.
+"""Exact ranking metrics at ``k`` (NDCG, Recall, Precision, MRR, MAP, Hit) with O(1) sum states.
 
 torchmetrics' ``Retrieval*`` metrics keep every prediction in list states and loop over queries in
 Python. The metrics here take each query's top-``k`` (or its full score row, from which they take
@@ -9,7 +9,8 @@ memory, whatever the number of queries.
 Definitions equal torchmetrics' ``RetrievalNormalizedDCG``, ``RetrievalRecall``,
 ``RetrievalPrecision``, ``RetrievalMRR`` and ``RetrievalMAP`` with ``top_k=k`` when each query is
 one group (``indexes`` = query id) and ``preds`` is the full score matrix, with binary relevance and
-tie-free scores. Two differences, both deliberate:
+tie-free scores; ``Hit`` is RecBole 1.2.1's ``Hit`` (torchmetrics' ``RetrievalHitRate``). Two
+differences, both deliberate:
 
 - torchmetrics' Recall, Precision, MRR and MAP treat a relevant item whose score is ``<= 0`` as
   irrelevant (they filter ``target`` with ``preds > 0``). Only ranks matter here; with strictly
@@ -480,3 +481,22 @@ class MAP(RankingMetric):
         ranks = torch.arange(1, self.k + 1, device=hits.device, dtype=torch.float64)
         precision_at = h.cumsum(dim=1) / ranks
         return (precision_at * h).sum(dim=1) / h.sum(dim=1).clamp(min=1.0)
+
+
+class Hit(RankingMetric):
+    """Hit ratio at ``k``: 1 if any relevant class is in a query's top-``k``, else 0, averaged.
+
+    RecBole 1.2.1's ``Hit`` (``recbole.evaluator.metrics``):
+    ``HR@k = mean_u delta(R_k(u) & T(u) != {})``. For one relevant class per query it equals
+    :class:`Recall`; with several it counts a query once however many of its relevant classes are
+    found. RecBole evaluates only users with a relevant item; a query without one scores 0 under
+    the default ``empty_target_action="neg"``, as an all-false row of RecBole's ``pos_index``
+    does. Arguments are those of :class:`RankingMetric`.
+    """
+
+    short_name = "hit"
+
+    def _query_scores(
+        self, hits: Tensor, num_relevant: Tensor, num_candidates: int | None
+    ) -> Tensor:
+        return hits.any(dim=1).double()

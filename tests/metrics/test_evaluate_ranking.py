@@ -169,7 +169,7 @@ def test_empty_batches_with_exclusions_count_for_nothing() -> None:
         ({"ks": (5, 2.0)}, "ks must hold positive integers, got 2.0"),
         ({"ks": ()}, "ks must be a positive int or a non-empty sequence"),
         ({"ks": 98}, "ks must be <= the head's num_classes=97, got 98"),
-        ({"metrics": ["ndcg", "hit"]}, "metrics must be names among .* got 'hit'"),
+        ({"metrics": ["ndcg", "hits"]}, "metrics must be names among .* got 'hits'"),
         ({"metrics": []}, "metrics must name at least one metric"),
         ({"empty_target_action": "drop"}, "empty_target_action .* got 'drop'"),
     ],
