@@ -1,5 +1,6 @@
 """Exact full-ranking metrics, beyond-accuracy metrics of recommended lists (coverage, popularity,
-Gini, entropy, long-tail share) and perplexity, as torchmetrics Metrics with sum states."""
+Gini, entropy, long-tail share) and perplexity, as torchmetrics Metrics with sum states; the
+sampled-metrics protocol of papers that rank among sampled items, labelled as such."""
 
 from .beyond_accuracy import (
     AveragePopularity,
@@ -13,6 +14,7 @@ from .beyond_accuracy import (
 from .evaluate import RANKING_METRICS, evaluate_ranking, evaluation_sampler
 from .perplexity import Perplexity
 from .ranking import MAP, MRR, NDCG, Hit, Precision, RankingMetric, Recall, ranking_hits
+from .sampled_ranking import evaluate_sampled_ranking, sampled_candidates_topk
 
 __all__ = [
     "MAP",
@@ -30,8 +32,10 @@ __all__ = [
     "ShannonEntropy",
     "TailPercentage",
     "evaluate_ranking",
+    "evaluate_sampled_ranking",
     "evaluation_sampler",
     "ranking_hits",
     "recommended_ids",
+    "sampled_candidates_topk",
     "tail_classes",
 ]

@@ -99,6 +99,41 @@ def evaluate_ranking(
             not a 2- or 3-tuple, or a dataloader that yields no batch. Bad targets raise from the
             metrics (``ValueError`` / ``IndexError``).
     """
+    return ranking_loop(
+        head,
+        dataloader,
+        encode,
+        lambda z, target, exclude, k: head.topk(z, k, exclude=exclude)[1],
+        ks=ks,
+        metrics=metrics,
+        exclude_seen=exclude_seen,
+        empty_target_action=empty_target_action,
+        progress=progress,
+        name="evaluate_ranking",
+    )
+
+
+#: ``rank(z [..., D], target [...], exclude [..., E] or None, k) -> long [..., k]`` class ids
+#: of each query's top ``k`` (``-1``: no class at that rank)
+RankFn = Callable[[Tensor, Tensor, "Tensor | None", int], Tensor]
+
+
+def ranking_loop(
+    head: OutputHead,
+    dataloader: Iterable[Any],
+    encode: EncodeFn,
+    rank: RankFn,
+    *,
+    ks: int | Sequence[int],
+    metrics: Sequence[str],
+    exclude_seen: bool,
+    empty_target_action: EmptyTargetAction,
+    progress: bool,
+    name: str,
+    prefix: str = "",
+) -> dict[str, float]:
+    """The loop of :func:`evaluate_ranking` with the top-``k`` of each batch from ``rank``; the
+    result's keys are ``prefix`` + ``"ndcg@10"``, ..."""
     if not isinstance(head, OutputHead):
         raise ValueError(f"head must be an OutputHead, got {type(head).__name__}")
     if not callable(encode):
@@ -107,9 +142,11 @@ def evaluate_ranking(
     names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
     if not names:
         raise ValueError(f"metrics must name at least one metric, got {metrics!r}")
-    for name in names:
-        if name not in RANKING_METRICS:
-            raise ValueError(f"metrics must be names among {sorted(RANKING_METRICS)}, got {name!r}")
+    for metric_name in names:
+        if metric_name not in RANKING_METRICS:
+            raise ValueError(
+                f"metrics must be names among {sorted(RANKING_METRICS)}, got {metric_name!r}"
+            )
     if empty_target_action not in EMPTY_TARGET_ACTIONS:
         raise ValueError(
             f"empty_target_action must be one of {EMPTY_TARGET_ACTIONS}, "
@@ -118,9 +155,9 @@ def evaluate_ranking(
 
     device = head.weight.device
     results: dict[str, RankingMetric] = {}
-    for name in dict.fromkeys(names):
+    for metric_name in dict.fromkeys(names):
         for k in ks:
-            results[f"{name}@{k}"] = RANKING_METRICS[name](
+            results[f"{prefix}{metric_name}@{k}"] = RANKING_METRICS[metric_name](
                 k,
                 num_classes=head.num_classes,
                 empty_target_action=empty_target_action,
@@ -131,7 +168,7 @@ def evaluate_ranking(
     if progress:
         from tqdm.auto import tqdm
 
-        batches = tqdm(dataloader, desc="evaluate_ranking", leave=False)
+        batches = tqdm(dataloader, desc=name, leave=False)
 
     max_k = ks[-1]
     num_batches = 0
@@ -144,13 +181,11 @@ def evaluate_ranking(
                     f"got {type(out).__name__}"
                     + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
                 )
-            z, target = out[0], out[1]
+            z, target = out[0].to(device), out[1].to(device)
             exclude = out[2] if len(out) == 3 and exclude_seen else None
-            z = z.to(device)
             if exclude is not None:
                 exclude = exclude.to(device)
-            _, indices = head.topk(z, max_k, exclude=exclude)  # -1: no class at that rank
-            target = target.to(device)
+            indices = rank(z, target, exclude, max_k)
             for metric in results.values():
                 metric.update(indices, target)
             num_batches += 1
