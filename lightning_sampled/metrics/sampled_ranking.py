@@ -39,8 +39,8 @@ def sampled_candidates_topk(
     ``sampler``: long ``[..., k]`` class ids, ``-1`` past the candidates that can rank.
 
     Negatives equal to the target, to an earlier draw, or in the query's ``exclude`` ids
-    ``[..., E]`` (``-1`` padded) are dropped (not redrawn); queries whose target is ``head.ignore_index`` get any
-    ids (the metrics skip them).
+    ``[..., E]`` (``-1`` padded) are dropped (not redrawn); queries whose target is
+    ``head.ignore_index`` get any ids (the metrics skip them).
 
     Args:
         head: scores the candidates (``head.candidate_logits`` of ``head.score_queries(z)``).
