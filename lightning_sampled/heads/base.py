@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from .._validation import (
     check_positive_int,
 )
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
+from ..optim.growth import grow_state_rows
 from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
 from ..sharding import ShardMap, whole_rows
 from ..sharding.collectives import (
@@ -741,6 +743,78 @@ class OutputHead(nn.Module):
             result.samples_used.reshape(batch),
         )
 
+    #: why the head's catalog cannot grow (:meth:`add_classes`); ``None``: it can
+    growth_refusal: str | None = None
+
+    @torch.no_grad()
+    def add_classes(
+        self,
+        num_new: int,
+        init: Tensor | Callable[[Tensor], Any] | None = None,
+        *,
+        optimizers: Iterable[torch.optim.Optimizer] = (),
+    ) -> None:
+        """Adds ``num_new`` classes, ids ``N .. N + num_new - 1``: the class table (and bias)
+        gains rows, in place on the same ``nn.Parameter`` (so a tied ``nn.Embedding`` or
+        ``nn.Linear`` sees them and optimizers keep holding it), each optimizer in
+        ``optimizers`` extends its state of them
+        (:func:`~lightning_sampled.optim.grow_state_rows`), and the proposal's support and
+        index follow (:meth:`_after_growth`). The old classes' rows, biases and optimizer state
+        are kept exactly.
+
+        Args:
+            num_new: how many classes, ``>= 1``.
+            init: the new rows: ``None`` draws them as the table was drawn,
+                ``U(-1 / sqrt(D), 1 / sqrt(D))``; a ``[num_new, D]`` tensor gives them; a
+                function fills a ``[num_new, D]`` tensor in place (e.g.
+                ``torch.nn.init.normal_``). New biases are 0.
+            optimizers: the optimizers that hold the table (in Lightning,
+                ``trainer.optimizers``).
+
+        Raises:
+            ValueError: a split table, a head whose class vectors are derived from a tree
+                (:attr:`growth_refusal`), an ``ignore_index`` that would become a class id, or
+                an ``init`` of the wrong shape.
+        """
+        num_new = check_positive_int("num_new", num_new)
+        self.refuse_split("add_classes", "grow the catalog before sharding the table")
+        if self.growth_refusal is not None:
+            raise ValueError(f"{type(self).__name__} cannot add classes: {self.growth_refusal}")
+        old = self.num_classes
+        if old <= self.ignore_index < old + num_new:
+            raise ValueError(
+                f"ignore_index={self.ignore_index} would become a class id in [0, "
+                f"{old + num_new}); use a negative ignore_index"
+            )
+        rows = self.weight.new_empty((num_new, self.dim))
+        if init is None:
+            bound = 1.0 / math.sqrt(self.dim)
+            rows.uniform_(-bound, bound)
+        elif isinstance(init, Tensor):
+            if tuple(init.shape) != (num_new, self.dim):
+                raise ValueError(
+                    f"init must have shape ({num_new}, {self.dim}), got {tuple(init.shape)}"
+                )
+            rows.copy_(init)
+        else:
+            init(rows)
+        grown = [self.weight] if self.bias is None else [self.weight, self.bias]
+        self.weight.data = torch.cat([self.weight.data, rows])
+        if self.bias is not None:
+            self.bias.data = torch.cat([self.bias.data, self.bias.new_zeros(num_new)])
+        for param in grown:  # an accumulated gradient keeps its values, 0 on the new rows
+            if param.grad is not None:
+                param.grad = grown_rows(param.grad, param.shape[0])
+        self.num_classes = old + num_new
+        for optimizer in optimizers:
+            for param in grown:
+                grow_state_rows(optimizer, param, old)
+        self._after_growth(num_new)
+
+    def _after_growth(self, num_new: int) -> None:
+        """What follows the table's growth by ``num_new`` rows: nothing here; heads with a
+        proposal grow it (:class:`~lightning_sampled.heads.ProposalHead`)."""
+
     def refuse_split(self, method: str, instead: str) -> None:
         """``ValueError`` naming ``method`` and what to use ``instead`` when the table is split."""
         if self.is_split:
@@ -836,6 +910,18 @@ def new_table(num_classes: int, dim: int, sharded: bool, group) -> nn.Parameter:
     rows = ShardMap(num_classes, world, rank).num_local()
     generator = rank_generator(torch.device("cpu"))
     return nn.Parameter(torch.empty(rows, dim).uniform_(-bound, bound, generator=generator))
+
+
+def grown_rows(grad: Tensor, num_rows: int) -> Tensor:
+    """``grad`` (dense or sparse COO, ``[N, ...]``) with ``num_rows >= N`` rows, zeros on the
+    new ones."""
+    if grad.is_sparse:
+        grad = grad.coalesce()
+        size = (num_rows, *grad.shape[1:])
+        return torch.sparse_coo_tensor(
+            grad.indices(), grad.values(), size, is_coalesced=True, check_invariants=False
+        )
+    return torch.cat([grad, grad.new_zeros((num_rows - grad.shape[0], *grad.shape[1:]))])
 
 
 def rows_of(param: nn.Parameter, ids: Tensor) -> nn.Parameter:

@@ -193,6 +193,10 @@ class CaneHead(ProposalHead):
     sharding_refusal = (
         "its candidates come from a beam search down a class tree that spans every rank's rows"
     )
+    growth_refusal = (
+        "its class tree (and, with parameterization='path', its class vectors) is built over a "
+        "fixed set of classes; build a new CaneHead over the grown catalog"
+    )
 
     # The coverage counts the scored positions: no stand-in positions under torch.compile.
     positions_apart = False

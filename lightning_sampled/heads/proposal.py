@@ -91,6 +91,12 @@ class ProposalHead(OutputHead, abc.ABC):
         static samplers)."""
         self.sampler.refresh(scored_rows(self.class_table().detach(), self.normalize))
 
+    def _after_growth(self, num_new: int) -> None:
+        """The proposal's support grows (:meth:`~lightning_sampled.samplers.Sampler.
+        add_classes`) and its index is rebuilt from the grown table."""
+        self.sampler.add_classes(num_new)
+        self.refresh_index()
+
     def proposal_loss(self, queries: Tensor) -> Tensor:
         """The sampler's :meth:`~lightning_sampled.samplers.Sampler.auxiliary_loss` on the
         step's scored queries ``[T, D]`` and the class table: ``0`` unless the sampler learns

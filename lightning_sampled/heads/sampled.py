@@ -154,6 +154,12 @@ class SampledSoftmaxHead(ProposalHead):
         if self.sharded:
             self.shard()
 
+    def _after_growth(self, num_new: int) -> None:
+        """:meth:`ProposalHead._after_growth`, and the in-batch frequency estimate grows."""
+        super()._after_growth(num_new)
+        if self.in_batch_negatives:
+            self.target_frequency.add_classes(num_new)
+
     def _after_split(self) -> None:
         """Sets :attr:`num_local_negatives` from the whole proposal, then restricts it."""
         self.num_local_negatives = stratum_size(

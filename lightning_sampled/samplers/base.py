@@ -212,6 +212,26 @@ class Sampler(nn.Module):
         """Continues the draw stream from :meth:`get_extra_state`'s state."""
         self.draw_stream.load(state)
 
+    def add_classes(self, num_new: int) -> None:
+        """Extends the support to ``num_new`` new classes, ids ``N .. N + num_new - 1``
+        (:meth:`~lightning_sampled.heads.OutputHead.add_classes` calls it, then rebuilds any
+        index).
+
+        Raises:
+            ValueError: for a sampler that cannot grow, saying why.
+        """
+        raise ValueError(
+            f"{type(self).__name__} cannot add classes; the uniform, unigram, log-uniform, MIDX "
+            "samplers and mixtures of them can"
+        )
+
+    def _grow_support(self, num_new: int) -> int:
+        """``num_classes += num_new`` after checking ``num_new``; returns the old ``N``."""
+        check_positive_int("num_new", num_new)
+        old = self.num_classes
+        self.num_classes = old + num_new
+        return old
+
     def refresh(self, class_embeddings: Tensor) -> None:
         """Rebuilds index buffers from the ``[N, D]`` class table; a no-op for static samplers."""
 

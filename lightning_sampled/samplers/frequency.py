@@ -57,6 +57,14 @@ class TargetFrequency(nn.Module):
         self.register_buffer("total", count.sum())
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
+    def add_classes(self, num_new: int) -> None:
+        """Grows to ``num_new`` new classes, never seen as targets (count 0; the floor of
+        :meth:`log_prob` keeps them drawable)."""
+        check_positive_int("num_new", num_new)
+        self.num_classes += num_new
+        self.count = torch.cat([self.count, self.count.new_zeros(num_new)])
+        self.last_step = torch.cat([self.last_step, self.last_step.new_zeros(num_new)])
+
     @torch.no_grad()
     def update(self, targets: Tensor) -> None:
         """Counts one step's targets (long ``[T]``, class ids; nothing to skip in them).

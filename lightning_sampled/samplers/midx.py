@@ -281,6 +281,20 @@ class MIDXSampler(Sampler):
         self.num_refreshes += 1
         self._built = True
 
+    def add_classes(self, num_new: int) -> None:
+        """:meth:`Sampler.add_classes`: the index's per-class buffers grow; the new classes are
+        in no cell until :meth:`refresh`, which must follow before the next draw
+        (:meth:`~lightning_sampled.heads.OutputHead.add_classes` calls it with the grown table;
+        learned codewords are kept, as at any refresh)."""
+        self._grow_support(num_new)
+        device = self.class_cells.device
+        self.class_cells = torch.cat(
+            [self.class_cells, torch.full((num_new,), -1, dtype=torch.long, device=device)]
+        )
+        self.cell_members = torch.cat(
+            [self.cell_members, torch.zeros(num_new, dtype=torch.long, device=device)]
+        )
+
     def index_stats(self) -> dict[str, float]:
         """Scalars worth logging after a refresh: ``quantization_mse`` (mean of
         ``||q_i - reconstruction_i||^2`` over about 4,096 evenly spaced indexed classes),

@@ -109,5 +109,11 @@ class MixtureSampler(Sampler):
         ]
         return torch.logsumexp(torch.stack(torch.broadcast_tensors(*parts)), dim=0)
 
+    def add_classes(self, num_new: int) -> None:
+        """:meth:`Sampler.add_classes` of every component."""
+        for component in self.components:
+            component.add_classes(num_new)
+        self._grow_support(num_new)
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, weights={[round(w, 4) for w in self.weights]}"

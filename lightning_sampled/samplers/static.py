@@ -73,6 +73,11 @@ class _StaticSampler(Sampler):
         ids = self._draw(shape, device, generator)
         return ids, self._log_q(ids)
 
+    def add_classes(self, num_new: int) -> None:
+        """:meth:`Sampler.add_classes`: ``q`` over the grown support (ids are ranks for
+        :class:`LogUniformSampler`: the new classes come last, the least frequent)."""
+        self._grow_support(num_new)
+
     def extra_repr(self) -> str:
         return super().extra_repr() + (", unique=True" if self.unique else "")
 
@@ -235,6 +240,17 @@ class UnigramSampler(_StaticSampler):
 
     def _log_q(self, ids: Tensor) -> Tensor:
         return lookup(self.log_probs, ids)
+
+    def add_classes(self, num_new: int) -> None:
+        """:meth:`Sampler.add_classes`: each new class, unseen in training, gets the smallest
+        probability of a drawable class (that of the ``floor`` where some class sits on it),
+        and all are renormalised; the old classes keep their ratios."""
+        self._grow_support(num_new)
+        drawable = torch.isfinite(self.log_probs)
+        smallest = self.log_probs[drawable].min()
+        log_probs = torch.cat([self.log_probs, smallest.expand(num_new)]).double()
+        self.log_probs = (log_probs - torch.logsumexp(log_probs, 0)).float()
+        self.alias_rows = self._packed_alias_rows()
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha}, floor={self.floor:.3g}"
