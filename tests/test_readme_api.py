@@ -35,3 +35,5 @@ def test_the_api_example_runs_and_its_losses_are_what_the_readme_says():
     torch.testing.assert_close(ns["soft"], soft)
     assert head.num_classes == 11_000 and head.weight.shape == (11_000, 64)
     assert torch.isfinite(ns["newest"])
+    ns["tower_loss"].backward()
+    assert ns["tower"][1].weight.grad.abs().sum() > 0  # the loss trains the tower

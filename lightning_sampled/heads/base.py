@@ -120,6 +120,13 @@ class OutputHead(nn.Module):
             tied inputs read it through :meth:`embed`).
         process_group: the group a sharded table is split over (default: the world), or a
             one-dimensional ``DeviceMesh`` (``mesh["dp"]``), whose group it is.
+        candidate_encoder: a candidate tower instead of a table: a module that maps long class
+            ids (any shape) to their vectors ``[*ids.shape, D]``, e.g. from item features.
+            The training losses call it on the ids a step scores only; the exact methods and
+            an index refresh on every class, in chunks of ``chunk_size`` (default 65,536)
+            ids (:meth:`class_table`), so an exact loss through it holds its activations for
+            every class. Gradients reach its parameters; ``weight``, ``sharded``,
+            ``sparse_grad`` and :meth:`add_classes` do not apply.
     """
 
     #: whether the training objective implements ``label_smoothing`` (only the full softmax does)
@@ -128,6 +135,8 @@ class OutputHead(nn.Module):
     schedulable: ClassVar[tuple[str, ...]] = ("temperature",)
     #: why the head's objective cannot run over a sharded table, or ``None`` where it can
     sharding_refusal: ClassVar[str | None] = "its training objective has no sharded form"
+    #: why the head cannot score a candidate tower's vectors, or ``None`` where it can
+    tower_refusal: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -144,6 +153,7 @@ class OutputHead(nn.Module):
         label_smoothing: float = 0.0,
         sharded: bool = False,
         process_group=None,
+        candidate_encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.num_classes = check_positive_int("num_classes", num_classes)
@@ -175,7 +185,9 @@ class OutputHead(nn.Module):
         self.process_group = as_process_group(process_group)
         #: which rank holds which rows; ``None`` while the head holds every row
         self.shard_map: ShardMap | None = None
-        if weight is None:
+        if candidate_encoder is not None:  # no table: the tower's outputs are the vectors
+            self._check_tower(candidate_encoder, weight, sharded)
+        elif weight is None:
             weight = new_table(num_classes, dim, sharded, self.process_group)
         elif not isinstance(weight, nn.Parameter):
             raise ValueError(
@@ -185,7 +197,9 @@ class OutputHead(nn.Module):
             raise ValueError(
                 f"weight must have shape ({num_classes}, {dim}), got {tuple(weight.shape)}"
             )
-        self.weight = weight
+        #: the candidate tower that gives the class vectors, or ``None`` (a table, ``weight``)
+        self.candidate_encoder = candidate_encoder
+        self.weight = weight  # None with a candidate tower
         self.bias = make_bias(bias, num_classes)
         if sharded:  # (N, W, r): N classes split over W ranks, this head holding rank r's rows
             self.register_buffer("shard_layout", torch.tensor([num_classes, 1, 0]))
@@ -227,6 +241,11 @@ class OutputHead(nn.Module):
     @sparse_grad.setter
     def sparse_grad(self, value: bool) -> None:
         value = bool(value)
+        if value and self.candidate_encoder is not None:
+            raise ValueError(
+                "sparse_grad=True needs a class table; a candidate tower's vectors come from its "
+                "module, whose parameters get the gradient"
+            )
         if value and not self._sparse_grad:
             owner = type(self).__name__
             require_sparse_capable_optimizer(self.weight, owner)
@@ -245,8 +264,8 @@ class OutputHead(nn.Module):
         """long ``[N_r]``: the global class ids of the rows this rank holds, in the order of
         ``weight``'s rows (every id, ``arange(N)``, while the head holds the whole table)."""
         if self.shard_map is None:
-            return torch.arange(self.num_classes, device=self.weight.device)
-        return self.shard_map.shard_ids(self.weight.device)
+            return torch.arange(self.num_classes, device=self.table_device)
+        return self.shard_map.shard_ids(self.table_device)
 
     def shard(self) -> None:
         """Splits the table across the ranks of ``process_group`` now, keeping this rank's rows
@@ -296,7 +315,8 @@ class OutputHead(nn.Module):
         class order, on every rank (an ``O(N D)`` all-gather where it is split, a collective;
         the head's own tensors where it is not). For checkpoints that load at any world size
         and for a one-file export of the table for serving."""
-        tables = {"weight": self.weight.detach(), "bias": self.bias}
+        with torch.no_grad():
+            tables = {"weight": self.class_table(), "bias": self.bias}
         return {
             name: whole_rows(x.detach(), self.shard_map, self.process_group)
             if self.is_split
@@ -317,7 +337,7 @@ class OutputHead(nn.Module):
         check_class_ids("ids", ids, self.num_classes)
         if self.is_split:
             return sharded_embed(self, ids)
-        rows = F.embedding(ids, self.weight, sparse=self.sparse_grad)
+        rows = self._rows_of(ids)
         if self.padding_idx is not None:
             rows = rows * (ids != self.padding_idx)[..., None].to(rows.dtype)
         return rows
@@ -399,9 +419,30 @@ class OutputHead(nn.Module):
         accumulates the dense ``[N, D]`` gradient faster than indexing's ``index_put_``; with
         ``self.sparse_grad`` the table's gradient is a sparse COO tensor over the touched rows.
         """
-        rows = F.embedding(ids, self.weight, sparse=self.sparse_grad)
-        rows = scored_rows(rows, self.normalize)
+        rows = scored_rows(self._rows_of(ids), self.normalize)
         return rows, None if self.bias is None else self.bias[ids]
+
+    def _rows_of(self, ids: Tensor) -> Tensor:
+        """The raw class vectors ``[*ids.shape, D]`` of ``ids``: rows of the table, or the
+        candidate tower's output (checked for its shape)."""
+        if self.candidate_encoder is None:
+            return F.embedding(ids, self.weight, sparse=self.sparse_grad)
+        rows = self.candidate_encoder(ids)
+        if not isinstance(rows, Tensor) or tuple(rows.shape) != (*ids.shape, self.dim):
+            got = tuple(rows.shape) if isinstance(rows, Tensor) else type(rows).__name__
+            raise ValueError(
+                f"candidate_encoder must map ids {tuple(ids.shape)} to vectors "
+                f"{(*ids.shape, self.dim)}, got {got}"
+            )
+        return rows
+
+    @property
+    def table_device(self) -> torch.device:
+        """The device of the class vectors: the table's, or the candidate tower's."""
+        if self.candidate_encoder is None:
+            return self.weight.device
+        tensors = [*self.candidate_encoder.parameters(), *self.candidate_encoder.buffers()]
+        return tensors[0].device if tensors else torch.device("cpu")
 
     def candidate_logits(self, z: Tensor, ids: Tensor) -> Tensor:
         """fp32 logits ``z . v_c + b_c`` of candidate classes, gathered through
@@ -454,12 +495,16 @@ class OutputHead(nn.Module):
     # -- exact methods ----------------------------------------------------------------------------
 
     def class_table(self) -> Tensor:
-        """The ``[N, D]`` class vectors that every exact method scores: ``self.weight`` here.
+        """The ``[N, D]`` class vectors that every exact method scores: ``self.weight`` here, or
+        the candidate tower's output for every class, computed in chunks of ids.
 
         Heads whose class vectors are derived from their parameters (e.g. CANE's path sums)
         override it, differentiably, so that the exact methods score the model they train.
         """
-        return self.weight
+        if self.candidate_encoder is None:
+            return self.weight
+        ids = torch.arange(self.num_classes, device=self.table_device)
+        return torch.cat([self._rows_of(part) for part in ids.split(self.chunk_size or 65_536)])
 
     def logits(self, z: Tensor) -> Tensor:
         """Exact fp32 logits ``[..., N]`` of queries ``z`` ``[..., D]`` (padding class ``-inf``).
@@ -778,6 +823,11 @@ class OutputHead(nn.Module):
         """
         num_new = check_positive_int("num_new", num_new)
         self.refuse_split("add_classes", "grow the catalog before sharding the table")
+        if self.candidate_encoder is not None:
+            raise ValueError(
+                "a candidate tower has no table to grow: give its module the new classes' "
+                "features and build the head with the new num_classes"
+            )
         if self.growth_refusal is not None:
             raise ValueError(f"{type(self).__name__} cannot add classes: {self.growth_refusal}")
         old = self.num_classes
@@ -810,6 +860,22 @@ class OutputHead(nn.Module):
             for param in grown:
                 grow_state_rows(optimizer, param, old)
         self._after_growth(num_new)
+
+    def _check_tower(self, encoder: nn.Module, weight: nn.Parameter | None, sharded: bool) -> None:
+        """Checks a ``candidate_encoder`` against the head and the other options."""
+        if not isinstance(encoder, nn.Module):
+            raise ValueError(
+                f"candidate_encoder must be an nn.Module, got {type(encoder).__name__}"
+            )
+        if self.tower_refusal is not None:
+            raise ValueError(
+                f"{type(self).__name__} cannot take a candidate_encoder: {self.tower_refusal}"
+            )
+        if weight is not None or sharded:
+            raise ValueError(
+                "candidate_encoder gives the class vectors: it takes neither weight= nor "
+                "sharded=True"
+            )
 
     def _after_growth(self, num_new: int) -> None:
         """What follows the table's growth by ``num_new`` rows: nothing here; heads with a

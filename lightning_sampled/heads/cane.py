@@ -193,6 +193,7 @@ class CaneHead(ProposalHead):
     sharding_refusal = (
         "its candidates come from a beam search down a class tree that spans every rank's rows"
     )
+    tower_refusal = "its tree and path vectors are built over a class table it owns"
     growth_refusal = (
         "its class tree (and, with parameterization='path', its class vectors) is built over a "
         "fixed set of classes; build a new CaneHead over the grown catalog"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .base import OutputHead
@@ -96,9 +97,9 @@ class FullSoftmaxHead(OutputHead):
         return handoff_nll(backend, queries, self.class_table(), self.bias, target)
 
     def extra_repr(self) -> str:
-        device = self.weight.device
+        device = self.table_device
         shown = f"backend={self.backend!r}"
         if self.backend == "auto":
-            probe = self.weight.detach()[:0]
+            probe = torch.empty(0, device=device)
             shown += f" ({resolve_backend('auto', probe)} on {device.type})"
         return f"{super().extra_repr()}, {shown}"

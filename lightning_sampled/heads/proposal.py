@@ -89,7 +89,9 @@ class ProposalHead(OutputHead, abc.ABC):
         """Rebuilds the sampler's index from the class vectors the head scores: the unit rows of
         :meth:`~OutputHead.class_table` when ``normalize``, else the table itself (a no-op for
         static samplers)."""
-        self.sampler.refresh(scored_rows(self.class_table().detach(), self.normalize))
+        with torch.no_grad():  # a candidate tower runs over every class: no graph for it
+            table = self.class_table()
+        self.sampler.refresh(scored_rows(table, self.normalize))
 
     def _after_growth(self, num_new: int) -> None:
         """The proposal's support grows (:meth:`~lightning_sampled.samplers.Sampler.

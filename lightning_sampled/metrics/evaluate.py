@@ -153,7 +153,7 @@ def ranking_loop(
             f"got {empty_target_action!r}"
         )
 
-    device = head.weight.device
+    device = head.table_device
     results: dict[str, RankingMetric] = {}
     for metric_name in dict.fromkeys(names):
         for k in ks:

@@ -96,7 +96,7 @@ def evaluate_sampled_ranking(
         sampler = UniformSampler(head.num_classes, padding_idx=head.padding_idx, unique=True)
     if not isinstance(sampler, Sampler) or sampler.num_classes != head.num_classes:
         raise ValueError(f"sampler must be a Sampler over the head's {head.num_classes} classes")
-    generator = torch.Generator(head.weight.device).manual_seed(seed)
+    generator = torch.Generator(head.table_device).manual_seed(seed)
 
     def rank(z: Tensor, target: Tensor, exclude: Tensor | None, k: int) -> Tensor:
         if target.shape != z.shape[:-1] or target.is_floating_point() or target.dtype == torch.bool:
