@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .heads.chunked import chunked_nll, in_compute_dtype, resolve_chunk_size
+from .heads.chunked import chunked_nll, gathered_logits, resolve_chunk_size
 from .heads.inputs import (
     ScoredPositives,
     check_reduction,
@@ -93,7 +93,8 @@ def sampled_softmax_loss(
         weight.shape[0],
         several=positives is not None,
     ).at(kept.mask, kept.z.shape[0])
-    pos, neg = _logits(kept.z, weight, bias, kept.targets, given.ids)
+    pos = _logits(kept.z, weight, bias, kept.targets)
+    neg = _logits(kept.z, weight, bias, given.ids)
     options = dict(convention=convention, num_hard_negatives=num_hard_negatives)
     if positives is None:
         y = kept.targets[:, 0]
@@ -150,9 +151,8 @@ def full_softmax_loss(
     first = kept.targets[:, 0]
     losses = chunked_nll(kept.z, weight, bias, first, chunk, label_smoothing=label_smoothing)
     if positives is not None:
-        pos, _ = _logits(kept.z, weight, bias, kept.targets, None)
-        log_normalizer = losses + pos[:, 0]  # log Z = -log p(first) + o_first
-        losses = exact_multi_positive_losses(log_normalizer, pos, kept.present, positives)
+        pos = _logits(kept.z, weight, bias, kept.targets)
+        losses = exact_multi_positive_losses(losses, pos, kept.present, positives)
     return reduce_losses(losses, weights, kept.mask, reduction, z)
 
 
@@ -191,19 +191,7 @@ def _scored(
     return kept, weights
 
 
-def _logits(
-    queries: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, ids: Tensor | None
-) -> tuple[Tensor, Tensor | None]:
-    """fp32 logits of the positives ``targets`` ``[T, K]`` and of the negatives ``ids``
-    (``[M]`` or ``[T, M]``; ``None``: none): ``([T, K], [T, M] or None)``."""
-    queries, _ = in_compute_dtype(queries, weight[:0])
-    pos = torch.einsum("td,tkd->tk", queries, weight[targets].to(queries.dtype)).float()
-    if bias is not None:
-        pos = pos + bias[targets].float()
-    if ids is None:
-        return pos, None
-    rows = weight[ids].to(queries.dtype)
-    neg = (
-        queries @ rows.T if ids.dim() == 1 else torch.einsum("td,tmd->tm", queries, rows)
-    ).float()
-    return pos, neg if bias is None else neg + bias[ids].float()
+def _logits(queries: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor) -> Tensor:
+    """fp32 logits ``[T, M]`` of the classes ``ids`` (``[M]`` or ``[T, M]``) for ``queries``
+    ``[T, D]``, from the rows of ``weight`` and ``bias``."""
+    return gathered_logits(queries, weight[ids], None if bias is None else bias[ids])

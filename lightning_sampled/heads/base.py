@@ -36,6 +36,7 @@ from .chunked import (
     chunked_topk,
     class_chunks,
     compute_dtype,
+    gathered_logits,
     in_compute_dtype,
     resolve_chunk_size,
     scored_rows,
@@ -455,13 +456,7 @@ class OutputHead(nn.Module):
         Returns:
             ``[T, M]`` fp32 logits.
         """
-        rows, bias = self.class_rows(ids)
-        z, rows = in_compute_dtype(z, rows)
-        if ids.dim() == 1:
-            logits = (z @ rows.T).float()
-        else:
-            logits = torch.bmm(rows, z[:, :, None]).squeeze(-1).float()
-        return logits if bias is None else logits + bias.float()
+        return gathered_logits(z, *self.class_rows(ids))
 
     def target_and_candidate_logits(
         self, z: Tensor, target: Tensor, ids: Tensor
@@ -623,8 +618,8 @@ class OutputHead(nn.Module):
         if queries.shape[0] == 0:
             return nothing_scored(kept.mask, reduction, z)
         target_logits = self.candidate_logits(queries, kept.targets)
-        log_normalizer = self._exact_losses(queries, kept.targets[:, 0]) + target_logits[:, 0]
-        losses = exact_multi_positive_losses(log_normalizer, target_logits, kept.present, positives)
+        first_nll = self._exact_losses(queries, kept.targets[:, 0])
+        losses = exact_multi_positive_losses(first_nll, target_logits, kept.present, positives)
         return reduce_losses(losses, weights, kept.mask, reduction, z)
 
     def _exact_losses(

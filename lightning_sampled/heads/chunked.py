@@ -78,6 +78,19 @@ def in_compute_dtype(z: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
     return z.to(dtype), rows.to(dtype)
 
 
+def gathered_logits(z: Tensor, rows: Tensor, bias: Tensor | None) -> Tensor:
+    """fp32 logits ``z . v_c + b_c`` of queries ``z`` ``[T, D]`` against gathered class vectors
+    ``rows``: ``[M, D]`` (the same classes for every query) or ``[T, M, D]`` (per query), with
+    their ``bias`` (``[M]`` / ``[T, M]``) or ``None``; ``[T, M]``, the products in
+    :func:`compute_dtype` of ``z``."""
+    z, rows = in_compute_dtype(z, rows)
+    if rows.dim() == 2:
+        logits = (z @ rows.T).float()
+    else:
+        logits = torch.bmm(rows, z[:, :, None]).squeeze(-1).float()
+    return logits if bias is None else logits + bias.float()
+
+
 def chunk_logits(
     z: Tensor,
     weight: Tensor,

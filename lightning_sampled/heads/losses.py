@@ -125,7 +125,7 @@ def mean_over_positives(losses: Tensor, present: Tensor) -> Tensor:
 
 
 def exact_multi_positive_losses(
-    log_normalizer: Tensor, target_logits: Tensor, present: Tensor, positives: str
+    first_nll: Tensor, target_logits: Tensor, present: Tensor, positives: str
 ) -> Tensor:
     """The exact loss ``[T]`` of positions with several positives ``S`` (``positives``, one of
     :data:`POSITIVE_FORMS`), the mean over ``S`` of each positive ``p``'s
@@ -134,12 +134,14 @@ def exact_multi_positive_losses(
     - ``"each"``: ``log(e^{o_p} + Z - sum_{q in S} e^{o_q}) - o_p``, in fp64.
 
     Args:
-        log_normalizer: ``[T]`` ``log Z``, over every class.
+        first_nll: ``[T]`` the exact cross-entropy ``log Z - o`` of column 0 of the positives
+            (the chunked one), from which ``log Z`` over every class follows.
         target_logits: fp32 ``[T, P]`` the positives' logits.
         present: bool ``[T, P]`` which positives are there (distinct classes).
         positives: the form.
     """
     check_positive_form(positives)
+    log_normalizer = first_nll + target_logits[:, 0]
     if positives == "soft_labels":
         return mean_over_positives(log_normalizer[:, None] - target_logits, present)
     shares = (target_logits.double() - log_normalizer.double()[:, None]).exp() * present

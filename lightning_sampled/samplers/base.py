@@ -225,12 +225,9 @@ class Sampler(nn.Module):
             "samplers and mixtures of them can"
         )
 
-    def _grow_support(self, num_new: int) -> int:
-        """``num_classes += num_new`` after checking ``num_new``; returns the old ``N``."""
-        check_positive_int("num_new", num_new)
-        old = self.num_classes
-        self.num_classes = old + num_new
-        return old
+    def _grow_support(self, num_new: int) -> None:
+        """``num_classes += num_new`` after checking ``num_new``."""
+        self.num_classes += check_positive_int("num_new", num_new)
 
     def refresh(self, class_embeddings: Tensor) -> None:
         """Rebuilds index buffers from the ``[N, D]`` class table; a no-op for static samplers."""
