@@ -110,6 +110,7 @@ def run_rank(rank: int, world: int, init_file: str, args: argparse.Namespace, ou
             sparse_grad=True,
             sharded=True,
         )
+        head.shard()  # creates the table (split already when built under torch.distributed)
         if args.table_dtype == "bfloat16":
             head.weight.data = head.weight.data.bfloat16()
         encoder = torch.nn.Linear(args.dim, args.dim)

@@ -14,15 +14,10 @@ def item_embedding(num_items: int, dim: int) -> nn.Embedding:
     """An item table ``[N, D]`` with padding row 0 and ``N(0, 1 / D)`` rows, so that the tied
     head's initial logits are of order one."""
     emb = nn.Embedding(num_items, dim, padding_idx=0)
-    init_item_rows(emb.weight)
-    return emb
-
-
-def init_item_rows(table: nn.Parameter) -> None:
-    """In place: ``N(0, 1 / D)`` rows and a zero padding row 0 (:func:`item_embedding`'s)."""
-    nn.init.normal_(table, std=table.shape[1] ** -0.5)
+    nn.init.normal_(emb.weight, std=dim**-0.5)
     with torch.no_grad():
-        table[0].zero_()
+        emb.weight[0].zero_()
+    return emb
 
 
 class TiedRecommender(SequentialRecommender):
@@ -39,9 +34,8 @@ class TiedRecommender(SequentialRecommender):
     def tie_head(self, dim: int) -> None:
         """Builds the head, tied to ``item_emb`` (its lookup row-sparse with a
         ``sparse_grad`` head) or owning the sharded table, initialised as ``item_emb`` is."""
-        if self.item_emb is None:
-            self.head = self.build_head(dim)
-            init_item_rows(self.head.weight)
+        if self.item_emb is None:  # created at the split (ShardedTables), N(0, 1 / D) too
+            self.head = self.build_head(dim, init_std=dim**-0.5)
         else:
             self.head = self.build_head(dim, self.item_emb.weight)
             self.sparse_lookup(self.item_emb)

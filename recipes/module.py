@@ -98,8 +98,11 @@ class SampledModule(SparseGradientClipping, L.LightningModule):
         ``head.embed`` instead of an ``nn.Embedding``."""
         return bool(factory_option(self.head_factory, "sharded", False))
 
-    def build_head(self, dim: int, weight: nn.Parameter | None = None) -> OutputHead:
-        """The configured head over ``num_classes`` classes of width ``dim``, tied to ``weight``."""
+    def build_head(
+        self, dim: int, weight: nn.Parameter | None = None, **options: Any
+    ) -> OutputHead:
+        """The configured head over ``num_classes`` classes of width ``dim``, tied to ``weight``,
+        with the head's keyword ``options`` (e.g. ``init_std``) added to its config's."""
         sampler = None
         if self.sampler_factory is not None:
             sampler = build_sampler(
@@ -112,6 +115,7 @@ class SampledModule(SparseGradientClipping, L.LightningModule):
             weight=weight,
             padding_idx=self.padding_idx,
             sampler=sampler,
+            **options,
         )
 
     def encode(self, inputs: Tensor) -> Tensor:

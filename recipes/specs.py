@@ -116,15 +116,16 @@ def build_head(
     weight: nn.Parameter | None = None,
     padding_idx: int | None = None,
     sampler: Sampler | None = None,
+    **options: Any,
 ) -> OutputHead:
-    """A head from its factory with ``num_classes``, ``dim``, the tied ``weight`` and
-    ``padding_idx`` injected; ``sampler`` goes to the head's ``sampler`` (every
-    :class:`~lightning_sampled.heads.ProposalHead` takes one).
+    """A head from its factory with ``num_classes``, ``dim``, the tied ``weight``,
+    ``padding_idx`` and any other keyword ``options`` injected; ``sampler`` goes to the head's
+    ``sampler`` (every :class:`~lightning_sampled.heads.ProposalHead` takes one).
 
     Raises:
         ValueError: a sampler given to a head that takes none.
     """
-    kwargs = {"weight": weight, "padding_idx": padding_idx}
+    kwargs = {"weight": weight, "padding_idx": padding_idx, **options}
     if sampler is not None:
         cls = factory_class(factory)
         if not issubclass(cls, ProposalHead):

@@ -7,6 +7,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_sampled.heads.table_init import seeded_rows
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -65,12 +67,14 @@ def test_sharded_example_trains_in_one_process_holding_every_row(tmp_path):
     exec(code, namespace)  # noqa: S102 (the README's own code)
     torch.manual_seed(0)
     model = namespace["ShardedRecommender"](num_items=300, dim=8)
-    assert model.head.sharded and not model.head.is_split  # one process: every row
+    assert model.head.sharded and model.head.table_deferred  # rows created at setup
     history = torch.randint(1, 300, (32, 6))
     batches = [{"history": h, "target": h.roll(-1, dims=1)} for h in history.split(16)]
     model.train_dataloader = lambda: DataLoader(batches, batch_size=None)
-    before = model.head.weight.detach().clone()
+    head = model.head
+    before = seeded_rows(head.table_seed, head.num_classes, head.dim, torch.arange(300))
     trainer = namespace["trainer"]
     assert isinstance(trainer.callbacks[0], namespace["ShardedTables"])
     quiet_trainer(tmp_path, namespace["ShardedTables"]()).fit(model)
-    assert (model.head.weight.detach() != before).any()
+    assert not head.is_split and head.weight.shape == (300, 8)  # one process: every row
+    assert (head.weight.detach() != before).any()

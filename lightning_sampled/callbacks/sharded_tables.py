@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ..protocols import Refreshable, ShardedTable
-from ..sharding import whole_rows
+from ..sharding import whole_rows_on_first_rank
 
 
 class ShardedTables(pl.Callback):
@@ -20,22 +20,26 @@ class ShardedTables(pl.Callback):
     parameters and buffers in the LightningModule's ``_ddp_params_and_buffers_to_ignore``.
 
     A LightningModule builds its heads in ``__init__``, before Lightning's strategy starts the
-    process group; the callbacks' ``setup`` runs after that and before the optimizer and DDP see
-    the parameters. Each rank then keeps its own rows (:attr:`~lightning_sampled.heads.OutputHead
-    .shard_ids`), the optimizer's state is only theirs, and DDP neither averages them (the
-    heads' collectives already give each rank its rows' full gradient) nor checks that the ranks'
-    shapes agree (uneven shards differ by a row), nor broadcasts rank 0's buffers over the other
-    ranks' (a split head's MIDX index is built from its own rows). In one process (or outside
-    ``torch.distributed``) the heads keep every row.
+    process group, and a sharded head then holds no rows (its table is on the ``meta`` device,
+    :mod:`lightning_sampled.heads.table_init`); the callbacks' ``setup`` runs after that and
+    before the optimizer and DDP see the parameters. Each rank then creates its own rows
+    (:attr:`~lightning_sampled.heads.OutputHead.shard_ids`), the optimizer's state is only
+    theirs, and DDP neither averages them (the heads' collectives already give each rank its
+    rows' full gradient) nor checks that the ranks' shapes agree (uneven shards differ by a
+    row), nor broadcasts rank 0's buffers over the other ranks' (a split head's MIDX index is
+    built from its own rows). In one process (or outside ``torch.distributed``) the heads
+    create every row. A sharded head built later, in ``configure_model``, is refused.
 
     Use it instead of :class:`SparseGradSync` for sharded heads; with other replicated
     row-sparse tables, use both (``SparseGradSync`` leaves sharded heads alone).
 
     Checkpoints hold the whole table, so that they load at any world size (``2 -> 1``,
-    ``1 -> 2``) and serve as a one-file export: when Lightning saves, every rank gathers the split
-    tables and the rows of their optimizer state (an ``O(N D)`` all-gather per checkpoint, none
-    per step; Lightning's DDP strategy has rank 0 write the file); the split heads' proposals
-    (restricted to a rank's rows) are left out. On load each head cuts out its rows
+    ``1 -> 2``) and serve as a one-file export: when Lightning saves, the split tables and the
+    rows of their optimizer state are gathered to rank 0, which writes the file under
+    Lightning's DDP strategy, onto its CPU, block by block (``O(N D)`` once per checkpoint, none
+    per step; no GPU and no other rank holds the whole table; the other ranks' checkpoint
+    dictionaries, which DDP does not write, keep their own rows and layout); the split heads'
+    proposals (restricted to a rank's rows) are left out. On load each head cuts out its rows
     (:meth:`~lightning_sampled.heads.OutputHead.load_state_dict`'s pre-hook) and rebuilds its
     index from them (``refresh_index``), and at the start of training the optimizer's state is
     cut likewise. A head refuses a checkpoint that holds another rank's rows (an error, never a
@@ -47,7 +51,7 @@ class ShardedTables(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         heads = sharded_heads(pl_module)
-        self.heads = [name for name, _ in heads]
+        self.heads = [name or "the module" for name, _ in heads]
         if not heads:
             rank_zero_warn("ShardedTables found no head built with sharded=True")
             return
@@ -63,21 +67,40 @@ class ShardedTables(pl.Callback):
         ignored = set(getattr(pl_module, "_ddp_params_and_buffers_to_ignore", ()))
         pl_module._ddp_params_and_buffers_to_ignore = sorted(ignored | names)
 
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Refuses a sharded head that :meth:`setup` did not see (one built in
+        ``configure_model``, which Lightning calls after the callbacks' ``setup``): DDP would
+        have taken its rows for replicas and broadcast rank 0's over the others'."""
+        late = [name or "the module" for name, _ in sharded_heads(pl_module)]
+        late = [name for name in late if name not in self.heads]
+        if late:
+            raise ValueError(
+                f"ShardedTables: the sharded heads {late} were built after setup (in "
+                f"configure_model?), so DDP did not leave their rows alone; build them in the "
+                f"LightningModule's __init__: a sharded head holds no rows until setup, where "
+                f"each rank creates only its own"
+            )
+
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["state_dict"]
         for prefix, head in split_heads(pl_module):
             for key in [k for k in state if k.startswith(f"{prefix}.sampler.")]:
                 del state[key]
-            for name, whole in head.whole_table().items():
-                state[f"{prefix}.{name}"] = whole
-            state[f"{prefix}.shard_layout"] = torch.tensor([head.num_classes, 1, 0])
+            whole = head.whole_table(first_rank_only=True)  # {} but on the group's first rank
+            for name, table in whole.items():
+                state[f"{prefix}.{name}"] = table
+            if whole:
+                state[f"{prefix}.shard_layout"] = torch.tensor([head.num_classes, 1, 0])
             for optimizer, saved in zip(
                 trainer.optimizers, checkpoint.get("optimizer_states", []), strict=False
             ):
                 for param, entry in row_states(optimizer, saved, head):
                     for name, value in entry.items():
                         if is_per_row(value, param.shape[0]):
-                            entry[name] = whole_rows(value, head.shard_map, head.process_group)
+                            rows = whole_rows_on_first_rank(
+                                value, head.shard_map, head.process_group
+                            )
+                            entry[name] = value if rows is None else rows
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         for _, head in sharded_heads(pl_module):

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._deprecation import renamed_attribute
-from .._random import rank_generator
 from .._validation import (
     check_class_ids,
     check_finite_number,
@@ -22,7 +21,7 @@ from .._validation import (
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
 from ..optim.growth import grow_state_rows
 from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
-from ..sharding import ShardMap, whole_rows
+from ..sharding import ShardMap, whole_rows, whole_rows_on_first_rank
 from ..sharding.collectives import (
     all_reduce_sum,
     as_process_group,
@@ -56,6 +55,7 @@ from .inputs import (
 )
 from .losses import check_positive_form, exact_multi_positive_losses
 from .sharded import sharded_embed, sharded_nll, sharded_topk
+from .table_init import fill_new_rows, new_table, new_table_seed, seeded_rows
 
 
 class OutputHead(nn.Module):
@@ -113,12 +113,14 @@ class OutputHead(nn.Module):
             (:class:`~lightning_sampled.heads.FullSoftmaxHead`) accept a value other than 0.
         sharded: split the class table (and bias) across the ranks of ``process_group``
             (:mod:`lightning_sampled.heads.sharded`): now when ``torch.distributed`` is
-            initialised with several ranks (at the end of the head's ``__init__``, which builds
-            only this rank's rows), else at :meth:`shard` (which the
-            :class:`~lightning_sampled.callbacks.ShardedTables` callback calls at setup); in one
-            process the head holds every row. Only heads whose :attr:`sharding_refusal` is
-            ``None`` accept it; a sharded head owns its table (``weight`` must be ``None``;
-            tied inputs read it through :meth:`embed`).
+            initialised (at the end of the head's ``__init__``, which creates only this rank's
+            rows), else at :meth:`shard` (which the
+            :class:`~lightning_sampled.callbacks.ShardedTables` callback calls at setup; until
+            then the table is deferred on the ``meta`` device, holding no memory:
+            :mod:`lightning_sampled.heads.table_init`); in one process :meth:`shard` creates
+            every row. The rows are the same at any world size for the same seed. Only heads
+            whose :attr:`sharding_refusal` is ``None`` accept it; a sharded head owns its table
+            (``weight`` must be ``None``; tied inputs read it through :meth:`embed`).
         process_group: the group a sharded table is split over (default: the world), or a
             one-dimensional ``DeviceMesh`` (``mesh["dp"]``), whose group it is.
         candidate_encoder: a candidate tower instead of a table: a module that maps long class
@@ -128,6 +130,8 @@ class OutputHead(nn.Module):
             ids (:meth:`class_table`), so an exact loss through it holds its activations for
             every class. Gradients reach its parameters; ``weight``, ``sharded``,
             ``sparse_grad`` and :meth:`add_classes` do not apply.
+        init_std: a new table's rows (and :meth:`add_classes`' by default) are
+            ``N(0, init_std^2)``; ``None``: ``U(-1 / sqrt(D), 1 / sqrt(D))``.
     """
 
     #: whether the training objective implements ``label_smoothing`` (only the full softmax does)
@@ -155,6 +159,7 @@ class OutputHead(nn.Module):
         sharded: bool = False,
         process_group=None,
         candidate_encoder: nn.Module | None = None,
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
         self.num_classes = check_positive_int("num_classes", num_classes)
@@ -186,10 +191,13 @@ class OutputHead(nn.Module):
         self.process_group = as_process_group(process_group)
         #: which rank holds which rows; ``None`` while the head holds every row
         self.shard_map: ShardMap | None = None
+        self.init_std = (
+            None if init_std is None else check_finite_number("init_std", init_std, minimum=0.0)
+        )
         if candidate_encoder is not None:  # no table: the tower's outputs are the vectors
             self._check_tower(candidate_encoder, weight, sharded)
         elif weight is None:
-            weight = new_table(num_classes, dim, sharded, self.process_group)
+            weight = new_table(num_classes, dim, sharded, self.init_std)
         elif not isinstance(weight, nn.Parameter):
             raise ValueError(
                 f"weight must be an nn.Parameter to tie to, got {type(weight).__name__}"
@@ -201,7 +209,9 @@ class OutputHead(nn.Module):
         #: the candidate tower that gives the class vectors, or ``None`` (a table, ``weight``)
         self.candidate_encoder = candidate_encoder
         self.weight = weight  # None with a candidate tower
-        self.bias = make_bias(bias, num_classes)
+        self.bias = make_bias(bias, num_classes, deferred=sharded)
+        #: the seed of a sharded head's table, created by :meth:`shard` (``table_init``)
+        self.table_seed = new_table_seed() if sharded else None
         if sharded:  # (N, W, r): N classes split over W ranks, this head holding rank r's rows
             self.register_buffer("shard_layout", torch.tensor([num_classes, 1, 0]))
             self.register_load_state_dict_pre_hook(load_shard)
@@ -269,10 +279,15 @@ class OutputHead(nn.Module):
         return self.shard_map.shard_ids(self.table_device)
 
     def shard(self) -> None:
-        """Splits the table across the ranks of ``process_group`` now, keeping this rank's rows
-        (a no-op in one process or once split): what
+        """Creates the table of a sharded head: under ``torch.distributed``, splits it across
+        the ranks of ``process_group``, each rank creating (or keeping) only its rows; in one
+        process, creates the whole table. A no-op once done. What
         :class:`~lightning_sampled.callbacks.ShardedTables` calls at setup, after Lightning has
-        started the process group and before the optimizer sees the parameters. A collective.
+        started the process group and before the optimizer sees the parameters; a head built
+        under ``torch.distributed`` calls it itself. A collective.
+
+        Until then the table is on the ``meta`` device (:mod:`.table_init`): a head built before
+        the process group holds no rows, and using it raises an error that names this method.
 
         Raises:
             ValueError: the head was built with ``sharded=False``; the ranks disagree on the
@@ -282,10 +297,53 @@ class OutputHead(nn.Module):
             raise ValueError(f"{type(self).__name__} was built with sharded=False")
         if self.shard_map is None and is_distributed(self.process_group):
             self._split()
+        elif self.table_deferred:
+            self._create_rows(torch.arange(self.num_classes))
+
+    def _shard_if_distributed(self) -> None:
+        """The end of a sharded head's construction: under ``torch.distributed`` it creates its
+        rows now (:meth:`shard`); before, its table stays deferred until :meth:`shard`."""
+        if self.sharded and is_distributed(self.process_group):
+            self.shard()
+
+    @property
+    def table_deferred(self) -> bool:
+        """Whether the table of a sharded head is still to be created by :meth:`shard`."""
+        return self.weight is not None and self.weight.is_meta
+
+    def _require_table(self) -> None:
+        """``RuntimeError`` naming :meth:`shard` while the table is deferred."""
+        if self.table_deferred:
+            raise RuntimeError(
+                f"{type(self).__name__}(sharded=True) creates its table in shard(): call "
+                f"head.shard() once torch.distributed is initialised (each rank then creates "
+                f"only its rows; in one process, the whole table), before moving the head or "
+                f"building the optimizer; in Lightning, build the head in the LightningModule's "
+                f"__init__ (not in configure_model) and add the ShardedTables callback, which "
+                f"calls it at setup"
+            )
+
+    def _apply(self, fn, recurse: bool = True):
+        """``nn.Module._apply`` (``.to()``, ``.double()``, ...), refused while the table is
+        deferred (:meth:`_require_table`): a ``meta`` table cannot be moved or cast."""
+        self._require_table()
+        return super()._apply(fn, recurse)
+
+    def _create_rows(self, ids: Tensor) -> None:
+        """Creates the deferred table's rows of the ascending class ``ids`` ``[K]``
+        (:func:`~lightning_sampled.heads.table_init.seeded_rows`) and zero biases."""
+        self.weight = nn.Parameter(
+            seeded_rows(self.table_seed, self.num_classes, self.dim, ids, self.init_std),
+            requires_grad=self.weight.requires_grad,
+        )
+        if self.bias is not None:
+            self.bias = nn.Parameter(
+                self.weight.new_zeros(ids.numel()), requires_grad=self.bias.requires_grad
+            )
 
     def _split(self) -> None:
-        """Keeps this rank's rows of the table (unless ``weight`` holds only them already, as
-        when the head was built under ``torch.distributed``) and of the bias, and divides their
+        """Creates this rank's rows of a deferred table, or keeps them of a whole one (a head
+        that created its whole table in one process), and of the bias, and divides their
         gradients by the group's size."""
         check_same_on_every_rank(
             {
@@ -299,11 +357,13 @@ class OutputHead(nn.Module):
         )
         world, rank = world_and_rank(self.process_group)
         shard_map = ShardMap(self.num_classes, world, rank)
-        ids = shard_map.shard_ids(self.weight.device)
-        if self.weight.shape[0] == self.num_classes:
+        if self.table_deferred:
+            self._create_rows(shard_map.shard_ids())
+        else:
+            ids = shard_map.shard_ids(self.weight.device)
             self.weight = rows_of(self.weight, ids)
-        if self.bias is not None:
-            self.bias = rows_of(self.bias, ids)
+            if self.bias is not None:
+                self.bias = rows_of(self.bias, ids)
         for param in (self.weight, self.bias):
             if param is not None:
                 param.register_hook(MeanOverRanks(world))
@@ -311,20 +371,32 @@ class OutputHead(nn.Module):
         self.shard_layout.copy_(torch.tensor([self.num_classes, world, rank]))
         self._after_split()
 
-    def whole_table(self) -> dict[str, Tensor]:
+    def whole_table(self, first_rank_only: bool = False) -> dict[str, Tensor]:
         """``{"weight": [N, D], "bias": [N]}`` (no ``"bias"`` without one): the whole table, in
-        class order, on every rank (an ``O(N D)`` all-gather where it is split, a collective;
-        the head's own tensors where it is not). For checkpoints that load at any world size
-        and for a one-file export of the table for serving."""
+        class order (the head's own tensors where it is not split). For checkpoints that load
+        at any world size and for a one-file export of the table for serving.
+
+        Where the table is split this is a collective, ``O(N D)`` once: by default an
+        all-gather that leaves the whole table on every rank, on the table's device; with
+        ``first_rank_only`` a gather, block by block, to the CPU of the group's first rank,
+        where a checkpoint is written (the other ranks get ``{}`` and hold no more than a block
+        beyond their rows; :func:`~lightning_sampled.sharding.whole_rows_on_first_rank`).
+        """
         with torch.no_grad():
             tables = {"weight": self.class_table(), "bias": self.bias}
-        return {
-            name: whole_rows(x.detach(), self.shard_map, self.process_group)
-            if self.is_split
-            else x.detach()
+        tables = {name: x.detach() for name, x in tables.items() if x is not None}
+        if not self.is_split:
+            return tables
+        if not first_rank_only:
+            return {
+                name: whole_rows(x, self.shard_map, self.process_group)
+                for name, x in tables.items()
+            }
+        gathered = {
+            name: whole_rows_on_first_rank(x, self.shard_map, self.process_group)
             for name, x in tables.items()
-            if x is not None
         }
+        return {name: x for name, x in gathered.items() if x is not None}
 
     def _after_split(self) -> None:
         """Called once the table is split: subclasses split what else they hold per class."""
@@ -427,6 +499,7 @@ class OutputHead(nn.Module):
         """The raw class vectors ``[*ids.shape, D]`` of ``ids``: rows of the table, or the
         candidate tower's output (checked for its shape)."""
         if self.candidate_encoder is None:
+            self._require_table()
             return F.embedding(ids, self.weight, sparse=self.sparse_grad)
         rows = self.candidate_encoder(ids)
         if not isinstance(rows, Tensor) or tuple(rows.shape) != (*ids.shape, self.dim):
@@ -439,9 +512,10 @@ class OutputHead(nn.Module):
 
     @property
     def table_device(self) -> torch.device:
-        """The device of the class vectors: the table's, or the candidate tower's."""
+        """The device of the class vectors: the table's (the CPU while a sharded head's table
+        is deferred, :meth:`shard`), or the candidate tower's."""
         if self.candidate_encoder is None:
-            return self.weight.device
+            return torch.device("cpu") if self.table_deferred else self.weight.device
         tensors = [*self.candidate_encoder.parameters(), *self.candidate_encoder.buffers()]
         return tensors[0].device if tensors else torch.device("cpu")
 
@@ -497,6 +571,7 @@ class OutputHead(nn.Module):
         override it, differentiably, so that the exact methods score the model they train.
         """
         if self.candidate_encoder is None:
+            self._require_table()
             return self.weight
         ids = torch.arange(self.num_classes, device=self.table_device)
         return torch.cat([self._rows_of(part) for part in ids.split(self.chunk_size or 65_536)])
@@ -804,8 +879,8 @@ class OutputHead(nn.Module):
 
         Args:
             num_new: how many classes, ``>= 1``.
-            init: the new rows: ``None`` draws them as the table was drawn,
-                ``U(-1 / sqrt(D), 1 / sqrt(D))``; a ``[num_new, D]`` tensor gives them; a
+            init: the new rows: ``None`` draws them as the table was drawn (``init_std``),
+                from torch's global generator; a ``[num_new, D]`` tensor gives them; a
                 function fills a ``[num_new, D]`` tensor in place (e.g.
                 ``torch.nn.init.normal_``). New biases are 0.
             optimizers: the optimizers that hold the table (in Lightning,
@@ -818,6 +893,7 @@ class OutputHead(nn.Module):
         """
         num_new = check_positive_int("num_new", num_new)
         self.refuse_split("add_classes", "grow the catalog before sharding the table")
+        self._require_table()
         if self.candidate_encoder is not None:
             raise ValueError(
                 "a candidate tower has no table to grow: give its module the new classes' "
@@ -833,8 +909,7 @@ class OutputHead(nn.Module):
             )
         rows = self.weight.new_empty((num_new, self.dim))
         if init is None:
-            bound = 1.0 / math.sqrt(self.dim)
-            rows.uniform_(-bound, bound)
+            fill_new_rows(rows, self.init_std)
         elif isinstance(init, Tensor):
             if tuple(init.shape) != (num_new, self.dim):
                 raise ValueError(
@@ -923,7 +998,10 @@ def load_shard(head: OutputHead, state_dict: dict, prefix: str, *_) -> None:
     is cut to this rank's rows, the rest of the head's state (its proposal, restricted to the
     rows) kept as the split made it; a checkpoint of another split raises. A head's state left
     out of the checkpoint (its proposal's index, which ``ShardedTables`` does not save) is kept
-    as it is."""
+    as it is. A head whose table is still deferred creates it first (:meth:`OutputHead.shard`),
+    so that the loaded values land in real rows."""
+    if head.table_deferred:
+        head.shard()
     key = prefix + "shard_layout"
     whole = (head.num_classes, 1, 0)
     saved = tuple(state_dict[key].tolist()) if key in state_dict else whole
@@ -940,10 +1018,13 @@ def load_shard(head: OutputHead, state_dict: dict, prefix: str, *_) -> None:
         for name in ("weight", "bias"):
             if state_dict.get(prefix + name) is not None:
                 state_dict[prefix + name] = state_dict[prefix + name][head.shard_ids.cpu()]
-    # the rest (the proposal, restricted to a split head's rows) follows from the split: kept
-    # as it is where the checkpoint leaves it out (ShardedTables does) or holds another split's
+    # the proposal, restricted to a split head's rows, follows from the split: kept as it is
+    # where the checkpoint leaves it out (ShardedTables does) or holds another split's; the
+    # rest (the in-batch q_b, alike on every rank) loads, or stays where it is left out
     for name, value in head.state_dict().items():
-        if name not in ("weight", "bias") and (cut or prefix + name not in state_dict):
+        per_rank = name.startswith("sampler.") or name == "shard_layout"
+        missing = prefix + name not in state_dict
+        if name not in ("weight", "bias") and ((cut and per_rank) or missing):
             state_dict[prefix + name] = value
 
 
@@ -957,20 +1038,6 @@ class MeanOverRanks:
 
     def __call__(self, grad: Tensor) -> Tensor:
         return grad / self.world_size
-
-
-def new_table(num_classes: int, dim: int, sharded: bool, group) -> nn.Parameter:
-    """A new class table ``U(-1 / sqrt(D), 1 / sqrt(D))``: ``[N, D]``, or only this rank's
-    ``[N_r, D]`` rows when ``sharded`` under ``torch.distributed``, drawn from this rank's
-    stream (:func:`~lightning_sampled._random.rank_generator`), so that the ranks' rows differ
-    and a run stays repeatable."""
-    bound = 1.0 / math.sqrt(dim)
-    if not (sharded and is_distributed(group)):
-        return nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound))
-    world, rank = world_and_rank(group)
-    rows = ShardMap(num_classes, world, rank).num_local()
-    generator = rank_generator(torch.device("cpu"))
-    return nn.Parameter(torch.empty(rows, dim).uniform_(-bound, bound, generator=generator))
 
 
 def grown_rows(grad: Tensor, num_rows: int) -> Tensor:
@@ -990,15 +1057,19 @@ def rows_of(param: nn.Parameter, ids: Tensor) -> nn.Parameter:
     return nn.Parameter(param.detach()[ids].clone(), requires_grad=param.requires_grad)
 
 
-def make_bias(bias: bool | nn.Parameter, num_classes: int) -> nn.Parameter | None:
-    """The head's bias: a new zero ``[N]`` parameter for ``True``, none for ``False``, or the
-    given ``[N]`` ``nn.Parameter`` itself (tied, like ``weight``)."""
+def make_bias(
+    bias: bool | nn.Parameter, num_classes: int, deferred: bool = False
+) -> nn.Parameter | None:
+    """The head's bias: a new zero ``[N]`` parameter for ``True`` (on the ``meta`` device when
+    ``deferred``, as a sharded head's table), none for ``False``, or the given ``[N]``
+    ``nn.Parameter`` itself (tied, like ``weight``)."""
     if isinstance(bias, nn.Parameter):
         if tuple(bias.shape) != (num_classes,):
             raise ValueError(f"bias must have shape ({num_classes},), got {tuple(bias.shape)}")
         return bias
     if isinstance(bias, bool):
-        return nn.Parameter(torch.zeros(num_classes)) if bias else None
+        device = "meta" if deferred else None
+        return nn.Parameter(torch.zeros(num_classes, device=device)) if bias else None
     raise ValueError(
         f"bias must be a bool or an nn.Parameter of shape ({num_classes},) to tie to, "
         f"got {type(bias).__name__}"

@@ -52,8 +52,7 @@ class FullSoftmaxHead(OutputHead):
             label_smoothing=self.label_smoothing,
             sharded=self.sharded,
         )
-        if self.sharded:
-            self.shard()
+        self._shard_if_distributed()
 
     def forward(
         self,

@@ -33,7 +33,8 @@ class BatchCandidates(NamedTuple):
     Attributes:
         ids: long ``[U]`` the distinct targets, sorted.
         counts: long ``[U]`` how many positions hold each.
-        column: long ``[T]`` each position's own target's index in ``ids``.
+        column: long ``[T]`` each position's own target's index in ``ids`` (``-1`` where it
+            is not among them: a table split across ranks lists only the targets a rank holds).
     """
 
     ids: Tensor
@@ -65,12 +66,16 @@ def in_batch_logits(
     """
     counts = candidates.counts.to(logits.dtype)
     corrected = logits + (counts.log() - log_size)
+    if corrected.shape[1] == 0:
+        return corrected
     rows = torch.arange(logits.shape[0], device=logits.device)
-    own = (rows, candidates.column)
-    if remove_hits:
-        return corrected.index_put_(own, torch.tensor(-math.inf, device=logits.device))
+    listed = candidates.column >= 0
+    column = candidates.column.clamp(min=0)
+    own = (rows, column)
+    if remove_hits:  # a row whose own target is not listed keeps its value
+        return corrected.index_put_(own, corrected[own].masked_fill(listed, -math.inf))
     fewer = (counts - 1).log() - counts.log()  # log((n - 1) / n), -inf where n = 1
-    return corrected.index_put_(own, fewer[candidates.column], accumulate=True)
+    return corrected.index_put_(own, fewer[column].masked_fill(~listed, 0.0), accumulate=True)
 
 
 def log_mixture_size(

@@ -28,7 +28,8 @@ whichever set it came from, is corrected by ``log(M q(j) + (T - 1) q_b(j))`` ins
 ``log(M q(j))``, ``q_b`` being the targets' distribution estimated by
 :class:`~lightning_sampled.samplers.frequency.TargetFrequency` (:mod:`.in_batch`). The conventions
 apply unchanged: under the default the positive stays uncorrected and batch candidates equal to the
-target are accidental hits.
+target are accidental hits. Over a split table the batch is every rank's batch, each rank scoring
+the targets it holds (:func:`.stratified.stratified_losses`).
 """
 
 from __future__ import annotations
@@ -143,16 +144,9 @@ class SampledSoftmaxHead(ProposalHead):
         self.shared_negatives = bool(shared_negatives)
         check_convention(convention)
         self.convention = convention
-        if self.sharded and in_batch_negatives:
-            raise ValueError(
-                "in_batch_negatives=True does not support sharded=True yet: the batch's targets "
-                "would be scored on the ranks that hold them and corrected by q_b, whose "
-                "stratified form is not built; use drawn negatives"
-            )
         #: ``M_r``, this rank's draws per query over a split table (:func:`stratum_size`)
         self.num_local_negatives = self.num_negatives
-        if self.sharded:
-            self.shard()
+        self._shard_if_distributed()
 
     def _after_growth(self, num_new: int) -> None:
         """:meth:`ProposalHead._after_growth`, and the in-batch frequency estimate grows."""
@@ -162,8 +156,10 @@ class SampledSoftmaxHead(ProposalHead):
 
     def _after_split(self) -> None:
         """Sets :attr:`num_local_negatives` from the whole proposal, then restricts it."""
-        self.num_local_negatives = stratum_size(
-            self.sampler, self.shard_ids, self.num_negatives, self.dim
+        self.num_local_negatives = (
+            stratum_size(self.sampler, self.shard_ids, self.num_negatives, self.dim)
+            if self.num_negatives
+            else 0
         )
         super()._after_split()
 
@@ -303,7 +299,7 @@ class SampledSoftmaxHead(ProposalHead):
                 sampler sees them detached.
             target: long ``[T]`` their targets.
         """
-        batch = self._batch_proposal(target) if self.in_batch_negatives else None
+        batch = self.batch_proposal(target) if self.in_batch_negatives else None
         if self.num_negatives == 0:
             pos, pos_log_q, columns = None, None, []
         else:
@@ -339,10 +335,11 @@ class SampledSoftmaxHead(ProposalHead):
             draw, log_q = self.sampler.sample_and_score(z, m, ids, shared=shared)
         return draw, log_q.view(target.shape)
 
-    def _batch_proposal(self, target: Tensor) -> BatchProposal:
-        """The in-batch proposal of a batch of targets ``[T]``, counted into ``q_b`` in
-        training mode. Before any training step (e.g. Lightning's validation sanity check) the
-        estimate is the batch's own target frequencies."""
+    def batch_proposal(self, target: Tensor) -> BatchProposal:
+        """The in-batch proposal of a batch of targets ``[T]`` (over a split table, every
+        rank's targets: ``q_b`` is kept for every class on every rank, alike), counted into
+        ``q_b`` in training mode. Before any training step (e.g. Lightning's validation sanity
+        check) the estimate is the batch's own target frequencies."""
         if self.num_negatives == 0 and target.numel() < 2:
             raise ValueError(
                 "in_batch_negatives with num_negatives=0 needs at least two scored positions "

@@ -34,10 +34,12 @@ import torch
 from torch import Tensor
 
 from ..samplers import Sampler
+from ..sharding import ShardMap
 from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
+from .in_batch import BatchCandidates, batch_candidates, in_batch_logits, log_mixture_size
 
 if TYPE_CHECKING:
-    from .sampled import SampledSoftmaxHead
+    from .sampled import BatchProposal, SampledSoftmaxHead
 
 
 def stratum_size(sampler: Sampler, ids: Tensor, num_negatives: int, dim: int) -> int:
@@ -63,23 +65,75 @@ def stratum_size(sampler: Sampler, ids: Tensor, num_negatives: int, dim: int) ->
 
 def stratified_losses(head: SampledSoftmaxHead, queries: Tensor, target: Tensor) -> Tensor:
     """The sampled cross-entropy ``[T]`` of this rank's scored ``queries`` ``[T, D]`` and global
-    ``target`` ``[T]`` under the stratified design (module docstring); a collective."""
+    ``target`` ``[T]`` under the stratified design (module docstring); a collective.
+
+    With ``in_batch_negatives`` the candidates also include the distinct targets of every rank's
+    batch that this rank holds (``W T - 1`` in-batch draws per query, as cross-device negatives
+    in contrastive training), and every candidate ``j`` held by rank ``r`` is corrected by
+    ``log(M_r q_r(j) + (W T - 1) q_b(j))``, the balance heuristic of the two designs
+    (:mod:`.in_batch`): the objective of the unsharded head on the ranks' batches together.
+    """
     group, shard_map, m = head.process_group, head.shard_map, head.num_local_negatives
     z, own = gather_rows(queries, group)
     y, _ = gather_rows(target, group)
     local_y = shard_map.local_or(y)
     owned = local_y >= 0
-    with torch.no_grad():
-        draw = head.sampler.sample(z.detach(), m, shared=head.shared_negatives)
-    pos, neg = head.target_and_candidate_logits(z, local_y.clamp(min=0), draw.ids)
-    pos = all_reduce_sum(pos.masked_fill(~owned, 0.0), group)
-    neg = neg - (math.log(m) + draw.log_q)
-    if head.removes_accidental_hits:
-        neg = neg.masked_fill(draw.ids.expand_as(neg) == local_y[:, None], -math.inf)
-    if head.corrects_positive:  # by log(M_s q_s(y)) of the rank s that holds y
+    held_y = local_y.clamp(min=0)
+    batch = head.batch_proposal(y) if head.in_batch_negatives else None
+    columns, pos = [], None
+    if m:
         with torch.no_grad():
-            log_q = head.sampler.log_prob(z.detach(), local_y.clamp(min=0)[:, None])[:, 0]
-            log_size = all_reduce_sum(torch.where(owned, math.log(m) + log_q, 0.0), group)
+            draw = head.sampler.sample(z.detach(), m, shared=head.shared_negatives)
+        pos, neg = head.target_and_candidate_logits(z, held_y, draw.ids)
+        log_size = stratum_log_size(head, draw.ids, draw.log_q, batch)
+        neg = neg - log_size
+        if head.removes_accidental_hits:
+            neg = neg.masked_fill(draw.ids.expand_as(neg) == local_y[:, None], -math.inf)
+        columns.append(neg)
+    if batch is not None:
+        candidates = held_candidates(y, shard_map)
+        ids = shard_map.local_or(candidates.ids)
+        if pos is None:
+            pos, neg = head.target_and_candidate_logits(z, held_y, ids)
+        else:
+            neg = head.candidate_logits(z, ids)
+        log_q = None
+        if m:
+            with torch.no_grad():
+                log_q = head.sampler.log_prob(z.detach(), ids)
+        log_size = stratum_log_size(head, ids, log_q, batch)
+        columns.append(in_batch_logits(neg, log_size, candidates, head.removes_accidental_hits))
+    pos = all_reduce_sum(pos.masked_fill(~owned, 0.0), group)
+    if head.corrects_positive:  # by the log-size of the positive on the rank s that holds it
+        with torch.no_grad():
+            log_q = head.sampler.log_prob(z.detach(), held_y[:, None])[:, 0] if m else None
+            log_size = stratum_log_size(head, held_y, log_q, batch)
+            log_size = all_reduce_sum(torch.where(owned, log_size, 0.0), group)
         pos = pos - log_size
-    lse = combined_logsumexp(torch.logsumexp(neg, dim=1), group, once=pos)
+    lse = combined_logsumexp(torch.logsumexp(torch.cat(columns, dim=1), dim=1), group, once=pos)
     return (lse - pos)[own]
+
+
+def stratum_log_size(
+    head: SampledSoftmaxHead, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None
+) -> Tensor:
+    """The expected count's log of this rank's candidates, local ``ids`` (any shape) whose
+    ``log q_r`` under the restricted proposal is ``log_q`` (``None`` with no draws):
+    ``log(M_r q_r)``, or with in-batch negatives ``log(M_r q_r + (W T - 1) q_b)``."""
+    m = head.num_local_negatives
+    if batch is None:
+        return math.log(m) + log_q
+    global_ids = head.shard_map.global_ids(ids)
+    log_q_batch = batch.frequency.log_prob(global_ids, batch.targets)
+    return log_mixture_size(log_q, m, log_q_batch, batch.num_draws)
+
+
+def held_candidates(targets: Tensor, shard_map: ShardMap) -> BatchCandidates:
+    """The distinct targets of every rank's batch (global ``targets`` ``[T]``) that this rank
+    holds, with their multiplicities; ``column`` is ``-1`` for a position whose own target is
+    held elsewhere (:func:`~lightning_sampled.heads.in_batch.in_batch_logits` then leaves it)."""
+    every = batch_candidates(targets)
+    held = shard_map.owner(every.ids) == shard_map.rank
+    index = torch.cumsum(held, dim=0) - 1
+    column = torch.where(held[every.column], index[every.column], -1)
+    return BatchCandidates(every.ids[held], every.counts[held], column)

@@ -5,7 +5,13 @@
 heads themselves take ``sharded=True`` (:class:`~lightning_sampled.heads.OutputHead`).
 """
 
-from .collectives import combined_logsumexp, gather_rows, whole_rows
+from .collectives import combined_logsumexp, gather_rows, whole_rows, whole_rows_on_first_rank
 from .shard_map import ShardMap
 
-__all__ = ["ShardMap", "combined_logsumexp", "gather_rows", "whole_rows"]
+__all__ = [
+    "ShardMap",
+    "combined_logsumexp",
+    "gather_rows",
+    "whole_rows",
+    "whole_rows_on_first_rank",
+]

@@ -213,3 +213,36 @@ def whole_rows(local: Tensor, shard_map, group=None) -> Tensor:
     for rank, part in enumerate(parts):
         whole[rank::world] = part
     return whole
+
+
+#: local rows per message of :func:`whole_rows_on_first_rank`
+GATHER_BLOCK_ROWS = 65_536
+
+
+def whole_rows_on_first_rank(
+    local: Tensor, shard_map, group=None, block_rows: int = GATHER_BLOCK_ROWS
+) -> Tensor | None:
+    """The whole ``[N, ...]`` table of which every rank holds its rows ``local`` ``[N_r, ...]``
+    (:class:`~lightning_sampled.sharding.ShardMap`), on the CPU of the group's first rank only
+    (``None`` on the others): what a checkpoint written by one rank needs, without every rank
+    (or any GPU) holding ``O(N)``. Sent in blocks of ``block_rows`` local rows per rank (one
+    ``gather`` each), so beyond the result the first rank holds ``O(W B)`` rows at a time and
+    the others ``O(B)``."""
+    if not is_distributed(group):
+        return local.detach().cpu()
+    world, rank = world_and_rank(group)
+    first = dist.get_global_rank(group, 0) if group is not None else 0
+    whole = local.new_empty((shard_map.num_classes, *local.shape[1:]), device="cpu")
+    longest = shard_map.num_local(0)  # shards differ by at most one row, rank 0's the longest
+    for start in range(0, longest, block_rows):
+        block = local.new_zeros((min(block_rows, longest - start), *local.shape[1:]))
+        part = local.detach()[start : start + block.shape[0]]
+        block[: part.shape[0]] = part
+        parts = [torch.empty_like(block) for _ in range(world)] if rank == 0 else None
+        dist.gather(block, parts, dst=first, group=group)
+        if rank == 0:
+            for owner, received in enumerate(parts):
+                rows = min(block.shape[0], shard_map.num_local(owner) - start)
+                ids = torch.arange(start, start + rows) * world + owner
+                whole[ids] = received[:rows].cpu()
+    return whole if rank == 0 else None

@@ -20,6 +20,7 @@ from lightning_sampled.callbacks import IndexRefresh
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
 from lightning_sampled.metrics import evaluate_ranking
 from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UniformSampler
+from lightning_sampled.sharding import whole_rows_on_first_rank
 
 N, D, WORLD = 23, 6, 2  # 12 rows on rank 0, 11 on rank 1
 ROWS = {0: 5, 1: 3}  # scored positions per rank (uneven), plus one ignored position each
@@ -64,6 +65,23 @@ SAMPLED_CASES = {
 M = 7
 
 
+def counts_with_a_zero() -> torch.Tensor:
+    """Fixed target counts ``[N]`` with a 0 for class 5, a target of both ranks' batches (its
+    ``q_b`` is floored at the batch's share)."""
+    counts = torch.arange(N).float() % 5 + 1
+    counts[5] = 0
+    return counts
+
+
+IN_BATCH_CASES = {
+    "counts_with_a_zero": dict(target_counts=counts_with_a_zero()),
+    "moving_average_corrected_all": dict(convention="corrected_all", bias=True),
+    "tensorflow_padding_sparse": dict(
+        convention="tensorflow", padding_idx=4, target_counts=counts_with_a_zero(), sparse=True
+    ),
+}
+
+
 def make_sampler(name: str, padding_idx: int | None = None):
     if name == "uniform":
         return UniformSampler(N, padding_idx=padding_idx)
@@ -76,6 +94,18 @@ def make_head(kind: str, options: dict, sharded: bool):
     options = dict(options)
     if kind == "full":
         head = FullSoftmaxHead(N, D, sharded=sharded, **options)
+    elif kind == "in_batch":  # pure in-batch softmax, or mixed with num_negatives
+        sparse = options.pop("sparse", False)
+        head = SampledSoftmaxHead(
+            N,
+            D,
+            UniformSampler(N, padding_idx=options.get("padding_idx")),
+            options.pop("num_negatives", 0),
+            in_batch_negatives=True,
+            sharded=sharded,
+            sparse_grad=sparse,
+            **options,
+        )
     else:
         sampler = make_sampler(options.pop("sampler"), options.get("padding_idx"))
         sparse = options.pop("sparse", False)
@@ -109,6 +139,8 @@ def run_case(kind: str, options: dict, rank: int) -> dict:
     if kind == "sampled" and options["sampler"] == "midx":
         IndexRefresh().refresh(head)  # each rank its own rows' index, nothing broadcast
     recorder = Recorder(head) if kind == "sampled" else None
+    if kind == "in_batch":
+        return {**run_step(head, rank), "shard_ids": head.shard_ids, **reloaded(head, options)}
     z, y = rank_batch(rank)
     z.requires_grad_(True)
     loss = head(z, y)
@@ -128,6 +160,41 @@ def run_case(kind: str, options: dict, rank: int) -> dict:
         out["full_loss"] = head.full_loss(z, y)
         out["topk"] = head.topk(z, 6, exclude=exclude_of(rank))
     return out
+
+
+def run_step(head, rank: int) -> dict:
+    """One training step's loss and gradients of rank ``rank``'s batch."""
+    z, y = rank_batch(rank)
+    z.requires_grad_(True)
+    loss = head(z, y)
+    loss.backward()
+    return {
+        "loss": loss.detach(),
+        "z_grad": z.grad,
+        "weight_grad": head.weight.grad.to_dense(),
+        "bias_grad": None if head.bias is None else head.bias.grad,
+    }
+
+
+def reloaded(head, options: dict) -> dict:
+    """``q_b``'s counts after a checkpoint of the whole table, as ``ShardedTables`` writes it,
+    loads into a new split head: the in-batch estimate is every rank's, so it loads as saved."""
+    state = {**head.state_dict(), **head.whole_table()}
+    state["shard_layout"] = torch.tensor([N, 1, 0])
+    fresh = make_head("in_batch", options, sharded=True)
+    fresh.load_state_dict(state)
+    return {"count": head.target_frequency.count, "reloaded_count": fresh.target_frequency.count}
+
+
+def run_mixed_consistency(rank: int) -> torch.Tensor:
+    """A mixed head's loss (drawn and in-batch negatives) with many draws, beside the exact
+    loss it estimates."""
+    options = {"num_negatives": M, "target_counts": counts_with_a_zero(), "padding_idx": 4}
+    head = make_head("in_batch", options, sharded=True)
+    head.num_local_negatives = 20000
+    z, y = rank_batch(rank)
+    with torch.no_grad():
+        return torch.stack([head(z, y), head.full_loss(z, y)])
 
 
 def tied_loss(head, z, y, rank):
@@ -160,7 +227,19 @@ def run_on_a_mesh(rank: int) -> dict:
 
     head = make_head("full", {"process_group": init_device_mesh("cpu", (WORLD,))}, sharded=True)
     z, y = rank_batch(rank)
-    return {"shard_ids": head.shard_ids, "loss": head(z, y).detach()}
+    gathered = whole_rows_on_first_rank(head.weight, head.shard_map, head.process_group, 4)
+    return {"shard_ids": head.shard_ids, "loss": head(z, y).detach(), "gathered": gathered}
+
+
+def run_first_rank_gather(rank: int) -> dict:
+    """The whole table and bias gathered to rank 0 in blocks of 4 rows (12 and 11 rows per
+    rank: three blocks, the last one short on rank 1), and a checkpoint's whole table."""
+    head = make_head("full", {"bias": True}, sharded=True)
+    blocks = {
+        "weight": whole_rows_on_first_rank(head.weight, head.shard_map, block_rows=4),
+        "bias": whole_rows_on_first_rank(head.bias, head.shard_map, block_rows=5),
+    }
+    return {"blocks": blocks, "whole_table": head.whole_table(first_rank_only=True)}
 
 
 def run_disagreement(rank: int) -> str:
@@ -187,11 +266,15 @@ def worker(rank: int, init_file: str, out: str) -> None:
             results[("full", name)] = run_case("full", options, rank)
         for name, options in SAMPLED_CASES.items():
             results[("sampled", name)] = run_case("sampled", options, rank)
+        for name, options in IN_BATCH_CASES.items():
+            results[("in_batch", name)] = run_case("in_batch", options, rank)
+        results["mixed_consistency"] = run_mixed_consistency(rank)
         results["evaluation"] = run_evaluation(rank)
         results["tied"] = run_tied(rank)
         results["consistency"] = run_consistency(rank)
         results["disagreement"] = run_disagreement(rank)
         results["mesh"] = run_on_a_mesh(rank)
+        results["first_rank_gather"] = run_first_rank_gather(rank)
         torch.save(results, f"{out}{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -361,7 +444,62 @@ def test_a_device_mesh_splits_the_table_as_its_group_does(ranks):
         torch.testing.assert_close(got["loss"], head(z, y).detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_checkpoint_gathers_the_whole_table_to_the_first_rank_only_in_blocks(ranks):
+    weight, bias = table()
+    first, second = (ranks[r]["first_rank_gather"] for r in range(WORLD))
+    assert torch.equal(first["blocks"]["weight"], weight)
+    assert torch.equal(first["blocks"]["bias"], bias)
+    assert first["whole_table"].keys() == {"weight", "bias"}
+    assert torch.equal(first["whole_table"]["weight"], weight)
+    assert second["blocks"] == {"weight": None, "bias": None} and second["whole_table"] == {}
+    assert torch.equal(ranks[0]["mesh"]["gathered"], weight)  # a DeviceMesh's group
+    assert ranks[1]["mesh"]["gathered"] is None
+
+
 def test_index_refresh_builds_each_ranks_midx_index_from_its_own_rows(ranks):
     cells = [ranks[rank][("sampled", "midx")]["cells"] for rank in range(WORLD)]
     assert [c.numel() for c in cells] == [12, 11]
     assert all(bool((c >= 0).all()) for c in cells)  # every row of the rank has a cell
+
+
+def every_rank_batch() -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each rank's queries (requiring grad) and every rank's targets, concatenated."""
+    zs = [rank_batch(r)[0].requires_grad_(True) for r in range(WORLD)]
+    return zs, torch.cat([rank_batch(r)[1] for r in range(WORLD)])
+
+
+@pytest.mark.parametrize("name", sorted(IN_BATCH_CASES))
+def test_in_batch_negatives_over_a_split_table_are_every_ranks_batch(ranks, name):
+    """The split head's in-batch softmax is the unsharded head's on the ranks' batches together
+    (every rank's targets are the negatives); losses, query, table and bias gradients."""
+    head = make_head("in_batch", {**IN_BATCH_CASES[name], "sparse": False}, sharded=False)
+    zs, y = every_rank_batch()
+    losses = head(torch.cat(zs), y, reduction="none")
+    ends = [0, *torch.cumsum(torch.tensor([ROWS[r] + 1 for r in range(WORLD)]), 0).tolist()]
+    per_rank = [losses[ends[r] : ends[r + 1]].sum() / ROWS[r] for r in range(WORLD)]
+    z_grads = [torch.autograd.grad(per_rank[r], zs[r], retain_graph=True)[0] for r in range(WORLD)]
+    (sum(per_rank) / WORLD).backward()
+    for rank in range(WORLD):
+        got = ranks[rank][("in_batch", name)]
+        ids = got["shard_ids"]
+        torch.testing.assert_close(got["loss"], per_rank[rank].detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["z_grad"], z_grads[rank], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["weight_grad"], head.weight.grad[ids], rtol=1e-5, atol=1e-6)
+        if head.bias is not None:
+            torch.testing.assert_close(got["bias_grad"], head.bias.grad[ids], rtol=1e-5, atol=1e-6)
+
+
+def test_the_in_batch_estimate_is_every_ranks_and_loads_from_a_whole_checkpoint(ranks):
+    name = "moving_average_corrected_all"
+    head = make_head("in_batch", IN_BATCH_CASES[name], sharded=False)
+    head.target_frequency.update(every_rank_batch()[1].clamp(min=0)[[*range(5), *range(6, 9)]])
+    for rank in range(WORLD):
+        got = ranks[rank][("in_batch", name)]
+        assert torch.equal(got["count"], head.target_frequency.count)
+        assert torch.equal(got["reloaded_count"], got["count"]) and got["count"].sum() > 0
+
+
+def test_mixed_negatives_over_a_split_table_are_consistent_with_many_draws(ranks):
+    for rank in range(WORLD):
+        sampled, exact = ranks[rank]["mixed_consistency"]
+        assert sampled == pytest.approx(float(exact), rel=0.01)

@@ -11,10 +11,10 @@ from lightning_sampled.heads import (
     CaneHead,
     FullSoftmaxHead,
     OneVsEachHead,
-    SampledSoftmaxHead,
     TapasHead,
 )
 from lightning_sampled.heads.stratified import stratum_size
+from lightning_sampled.heads.table_init import BLOCK_ROWS, seeded_rows
 from lightning_sampled.samplers import (
     LogUniformSampler,
     MIDXSampler,
@@ -22,6 +22,7 @@ from lightning_sampled.samplers import (
     UniformSampler,
     UnigramSampler,
 )
+from lightning_sampled.sharding import ShardMap
 
 N, D = 23, 4
 
@@ -45,10 +46,6 @@ def test_heads_without_a_sharded_objective_refuse_it_by_name(head_type, args):
         ),
         (lambda: FullSoftmaxHead(N, D, sharded="yes"), "sharded must be a bool"),
         (lambda: FullSoftmaxHead(N, D, sharded=True, backend="triton"), "does not support sharded"),
-        (
-            lambda: SampledSoftmaxHead(N, D, sharded=True, in_batch_negatives=True),
-            "in_batch_negatives=True does not support sharded",
-        ),
     ],
 )
 def test_options_a_sharded_head_cannot_take_are_refused(build, match):
@@ -56,19 +53,52 @@ def test_options_a_sharded_head_cannot_take_are_refused(build, match):
         build()
 
 
-def test_in_one_process_a_sharded_head_holds_every_row_and_equals_the_unsharded_one():
-    torch.manual_seed(0)
+def test_in_one_process_shard_creates_every_row_and_the_head_equals_the_unsharded_one():
     sharded = FullSoftmaxHead(N, D, sharded=True, bias=True)
-    torch.manual_seed(0)
-    plain = FullSoftmaxHead(N, D, bias=True)
-    assert not sharded.is_split and torch.equal(sharded.shard_ids, torch.arange(N))
-    assert torch.equal(sharded.weight, plain.weight)
+    assert sharded.table_deferred and sharded.weight.is_meta and sharded.bias.is_meta
     z, y = torch.randn(5, D), torch.randint(N, (5,))
+    with pytest.raises(RuntimeError, match=r"head\.shard\(\)"):
+        sharded(z, y)
+    sharded.shard()
+    assert not sharded.is_split and not sharded.table_deferred
+    assert torch.equal(sharded.shard_ids, torch.arange(N))
+    assert sharded.weight.shape == (N, D) and torch.equal(sharded.bias, torch.zeros(N))
+    bound = D**-0.5
+    assert sharded.weight.abs().max() <= bound and sharded.weight.std() > bound / 3
+    weight = sharded.weight.detach().clone()
+    sharded.shard()  # done once
+    assert torch.equal(sharded.weight, weight)
+    plain = FullSoftmaxHead(N, D, bias=True)
+    with torch.no_grad():
+        plain.weight.copy_(sharded.weight)
+        plain.bias.copy_(torch.randn(N))
+        sharded.bias.copy_(plain.bias)
     torch.testing.assert_close(sharded(z, y), plain(z, y))
-    sharded.shard()  # a no-op outside torch.distributed
-    assert sharded.weight.shape == (N, D)
     with pytest.raises(ValueError, match="sharded=False"):
         plain.shard()
+
+
+def test_a_deferred_table_is_the_same_at_any_world_size_and_any_block():
+    seed, n, d = 7, 3 * BLOCK_ROWS + 5, 3
+    whole = seeded_rows(seed, n, d, torch.arange(n))
+    for world in (2, 3, 8):
+        for rank in range(world):
+            ids = ShardMap(n, world, rank).shard_ids()
+            assert torch.equal(seeded_rows(seed, n, d, ids), whole[ids])
+    assert not torch.equal(seeded_rows(seed + 1, n, d, torch.arange(n)), whole)
+    blocks = whole[: 3 * BLOCK_ROWS].reshape(3, BLOCK_ROWS, d)
+    assert not torch.equal(blocks[0], blocks[1])  # each block has its own stream
+    with pytest.raises(ValueError, match="ascending"):
+        seeded_rows(seed, n, d, torch.tensor([3, 1]))
+
+
+def test_a_deferred_head_loads_a_checkpoint_into_real_rows():
+    plain = FullSoftmaxHead(N, D, bias=True)
+    with torch.no_grad():
+        plain.bias.copy_(torch.randn(N))
+    sharded = FullSoftmaxHead(N, D, sharded=True, bias=True)
+    sharded.load_state_dict(plain.state_dict())
+    assert torch.equal(sharded.weight, plain.weight) and torch.equal(sharded.bias, plain.bias)
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,9 @@ def test_two_processes_equal_one_and_resume_at_two_and_at_one(tmp_path):
     at_two = run_ddp(tmp_path / "epoch2.ckpt", 2, "full", resume=tmp_path / "epoch1.ckpt")
     at_one = fit(devices=1, epochs=2, head="full", resume=str(tmp_path / "epoch1.ckpt"))
     L.seed_everything(0, verbose=False)
-    initial = ShardedToyModel("full").state_dict()
+    fresh = ShardedToyModel("full")
+    fresh.head.shard()  # in one process: the whole table, as every run seeded alike starts
+    initial = fresh.state_dict()
     assert (straight.head.weight - initial["head.weight"]).abs().max() > 0.1  # it trained
     assert_same_model(at_two["state_dict"], straight)
     assert_same_model(at_one.lightning_module.state_dict(), straight)
@@ -55,9 +57,11 @@ def test_a_sharded_midx_head_with_row_wise_state_trains_and_resumes_at_two_and_a
     row_wise = [s for s in saved["optimizer_states"][0]["state"].values() if "row_sum_sq" in s]
     assert [s["row_sum_sq"].shape for s in row_wise] == [(NUM_CLASSES,)]  # gathered whole
     L.seed_everything(0, verbose=False)
-    before = ShardedToyModel("midx").exact_loss()
+    fresh = ShardedToyModel("midx")
+    fresh.head.shard()
+    before = fresh.exact_loss()
     model = ShardedToyModel("midx")
-    model.load_state_dict(saved["state_dict"])
+    model.load_state_dict(saved["state_dict"])  # creates the deferred table, then loads it
     assert model.exact_loss() < 0.8 * before
 
     at_two = run_ddp(tmp_path / "midx3.ckpt", 3, "midx", resume=tmp_path / "midx.ckpt")

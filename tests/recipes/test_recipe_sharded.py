@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from launched_script import run_script
 
 from lightning_sampled.heads import FullSoftmaxHead
@@ -65,5 +66,8 @@ def test_a_sharded_head_needs_the_tied_table():
     with pytest.raises(ValueError, match="tie_weights=True"):
         GRU4Rec(100, head=sharded, tie_weights=False)
     model = GRU4Rec(100, head=sharded)
-    assert model.item_emb is None and model.head.weight.shape == (100, 64)
-    assert model.head.weight[0].abs().sum() == 0 and model.head.weight.std() < 0.2
+    assert model.item_emb is None and model.head.table_deferred  # created at setup
+    model.head.shard()
+    assert model.head.weight.shape == (100, 64)
+    assert model.head.embed(torch.tensor([0])).abs().sum() == 0  # the padding item
+    assert float(model.head.weight.std()) == pytest.approx(64**-0.5, rel=0.05)  # N(0, 1 / D)
