@@ -44,6 +44,12 @@ class Classifier(pl.LightningModule):
         self.encoder = nn.Sequential(nn.Linear(4, D), nn.Dropout(dropout))
         self.head = HEADS[head]()
 
+    def setup(self, stage: str) -> None:
+        # DDP ranks seeded alike hold equal global generators, and then restoring rank 0's
+        # states on every rank would pass for restoring each rank's: make them differ
+        if self.trainer.world_size > 1:
+            torch.manual_seed(1000 + self.trainer.global_rank)
+
     def training_step(self, batch, batch_idx):
         x, y = batch
         return self.head(self.encoder(x), y)
