@@ -10,9 +10,10 @@ arithmetic on positions. The trees are built three ways:
   ``ceil(log_b N)``;
 - :meth:`ClassTree.from_vectors`: Algorithm 4, hierarchical k-means over class vectors; the leaves
   of the (unbalanced) k-means tree read left to right give the leaf order of a balanced tree.
-  With ``num_clusters`` it first clusters the classes flat (one k-means with many centroids),
-  orders the clusters by Algorithm 4 over their centroids and keeps each cluster's classes
-  contiguous, so that a cluster is never cut across distant subtrees;
+  With ``num_clusters`` it first clusters the classes flat (one k-means with many centroids;
+  above :data:`TWO_LEVEL_MIN_CLUSTERS` of them, a k-means whose steps search the centroids
+  through coarse groups), orders the clusters by Algorithm 4 over their centroids and keeps each
+  cluster's classes contiguous, so that a cluster is never cut across distant subtrees;
 - :meth:`ClassTree.by_frequency`: the language-model tree of Section 5, one layer of subsets of
   frequency-ordered classes under the root.
 
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from .kmeans import check_norms, kmeans
+from .kmeans import check_norms, kmeans, nearest_centroid, training_sample
 
 # Memory of the padded points of a batch of clusters split together by k-means.
 _KMEANS_BATCH_BYTES = 64 * 2**20
@@ -52,6 +53,23 @@ _FLAT_POINTS_PER_CENTROID = 64
 # cluster needs only a few of its points in the sample.
 _SEEDING_POINTS_PER_CENTROID = 8
 _SEEDING_POINTS = 4096
+# from_vectors(num_clusters=C, clustering="auto") clusters flat by two_level_kmeans when C exceeds
+# this, by flat_kmeans otherwise: the flat seeding's O(C^2) cost overtakes two-level's between
+# C = 1000 (6.5 s against 9.4 s at N = 1e5, one thread) and C = 2000 (35 s against 10 s).
+TWO_LEVEL_MIN_CLUSTERS = 1024
+# two_level_kmeans: each point searches the fine centroids listed in its _PROBES nearest coarse
+# groups, each centroid listed in its _LISTINGS nearest; with sqrt(C) groups on 1e6 planted points
+# (1e4 clusters, D = 64) a point's true nearest centroid was missed 13% of the time at 4 x 1,
+# 0.9% at 4 x 4 and 0.1% at 4 x 8 (twice the work). Its seeding counts a candidate's gain over
+# the points whose _SEEDING_PROBES nearest groups hold the candidate's nearest one.
+_PROBES = 4
+_LISTINGS = 4
+_SEEDING_PROBES = 8
+# probed_kmeans_plus_plus adds its seeds in about this many batches.
+_SEEDING_ROUNDS = 16
+# two_level_kmeans' Lloyd steps train on at most this many random points per centroid.
+_PROBED_POINTS_PER_CENTROID = 16
+CLUSTERINGS = ("auto", "flat", "two_level")  # the flat clusterings of from_vectors
 
 
 class ClassTree:
@@ -161,6 +179,7 @@ class ClassTree:
         iterations: int = 5,
         num_clusters: int | None = None,
         cluster_iterations: int = 10,
+        clustering: str = "auto",
     ) -> ClassTree:
         """Algorithm 4 (CANE supplementary C): hierarchical k-means, then a balanced tree.
 
@@ -181,8 +200,25 @@ class ClassTree:
         first partition instead of the root), so every flat cluster is one contiguous run of
         leaves (:func:`cluster_positions`). Step 18 (the balanced tree) is unchanged. Choose
         ``C`` near the number of natural clusters or above (too few centroids merge and cut
-        them); the flat k-means costs ``O(N C D)`` per Lloyd step and its seeding
-        ``O(C^2 D log C)``: about 7 s of CPU at ``N = 1e5, C = 1000, D = 64`` on one thread.
+        them).
+
+        The flat clustering (step 9 of Algorithm 4 run once with ``C`` clusters instead of
+        ``b``) is chosen by ``clustering``:
+
+        - ``"flat"``: one k-means of ``C`` centroids (:func:`flat_kmeans`), greedy k-means++
+          seeds; its seeding costs ``O(C^2 D log C)`` and its assignment ``O(N C D)``;
+        - ``"two_level"``: the same k-means with every distance search pruned by
+          ``round(sqrt(C))`` coarse k-means groups (:func:`two_level_kmeans`): each point
+          compares itself with the ``~16 sqrt(C)`` centroids listed in its 4 nearest groups,
+          ``O(N D sqrt(C))`` per pass, and the seeds are chosen in 16 batches;
+        - ``"auto"`` (default): ``"two_level"`` when ``C`` exceeds
+          :data:`TWO_LEVEL_MIN_CLUSTERS` (1024), else ``"flat"``. On one thread of this
+          2-core machine (planted clusters of 100 classes, ``N = 100 C, D = 64``) the flat
+          clustering took 6.5 s at ``C = 1000`` and 35 s at ``C = 2000``, two-level 9.4 s and
+          10 s, for the same purity (0.99 of a planted cluster's classes in its main flat
+          cluster); at ``N = 1e6, C = 1e4`` the whole build took 47 to 66 s with two-level
+          (purity 0.98; load average 2-3), where the flat clustering, 5x slower for each
+          doubling of ``C``, would take about 20 minutes.
 
         Args:
             vectors: ``[N, D]`` class vectors (class centres, or the class embeddings).
@@ -191,10 +227,14 @@ class ClassTree:
             iterations: Lloyd steps per split, ``>= 0``.
             num_clusters: ``C`` with ``1 <= C <= N``: the flat clusters kept whole; ``None``
                 (default) builds by Algorithm 4 from the root.
-            cluster_iterations: Lloyd steps of the flat k-means, ``>= 0``.
+            cluster_iterations: Lloyd steps of the flat k-means (of the coarse and of the
+                fine k-means when two-level), ``>= 0``.
+            clustering: ``"auto"``, ``"flat"`` or ``"two_level"``, the flat clustering of
+                ``num_clusters`` (see above); unused without ``num_clusters``.
 
         Raises:
             ValueError: if ``branching < 2``, ``iterations < 0``, ``cluster_iterations < 0``,
+                ``clustering`` is not one of :data:`CLUSTERINGS`,
                 ``num_clusters`` is not in ``[1, N]``, ``vectors`` is not a non-empty
                 ``[N, D]`` table of finite values, or a row's norm would overflow fp32
                 distances.
@@ -204,6 +244,8 @@ class ClassTree:
             raise ValueError(f"iterations must be >= 0, got {iterations}")
         if cluster_iterations < 0:
             raise ValueError(f"cluster_iterations must be >= 0, got {cluster_iterations}")
+        if clustering not in CLUSTERINGS:
+            raise ValueError(f"clustering must be one of {list(CLUSTERINGS)}, got {clustering!r}")
         if vectors.dim() != 2 or vectors.shape[0] < 1:
             raise ValueError(f"vectors must be [N, D] with N >= 1, got {tuple(vectors.shape)}")
         if num_clusters is not None and not 1 <= num_clusters <= vectors.shape[0]:
@@ -224,6 +266,7 @@ class ClassTree:
                 seed=seed,
                 iterations=iterations,
                 cluster_iterations=cluster_iterations,
+                clustering=clustering,
             )
         leaf_order = torch.empty_like(positions)
         leaf_order[positions] = torch.arange(positions.numel(), device=positions.device)
@@ -265,16 +308,16 @@ def cluster_positions(
     seed: int,
     iterations: int,
     cluster_iterations: int,
+    clustering: str = "auto",
 ) -> Tensor:
     """Leaf positions that keep every flat k-means cluster contiguous
     (:meth:`ClassTree.from_vectors` with ``num_clusters``).
 
-    The points are clustered flat into ``num_clusters`` clusters, from greedy k-means++ seeds
-    (:func:`kmeans_plus_plus`, which puts one seed in each of well-separated clusters where
-    random seeds leave some clusters two and others none, to be cut or merged); the centroids
-    of the clusters that hold points are ordered by :func:`hierarchical_kmeans_positions`; every
-    point starts in its cluster, numbered in that order, and the clusters are split further by
-    the same hierarchical k-means, so the points of one cluster take consecutive positions.
+    The points are clustered flat into ``num_clusters`` clusters (:func:`flat_kmeans` or
+    :func:`two_level_kmeans`, as ``clustering`` chooses); the centroids of the clusters that
+    hold points are ordered by :func:`hierarchical_kmeans_positions`; every point starts in its
+    cluster, numbered in that order, and the clusters are split further by the same
+    hierarchical k-means, so the points of one cluster take consecutive positions.
 
     Args:
         x: ``[N, D]`` fp32 points.
@@ -282,21 +325,23 @@ def cluster_positions(
         num_clusters: ``1 <= C <= N``.
         seed: seed of the flat k-means, of the centroids' order and of the splits.
         iterations: Lloyd steps per hierarchical split.
-        cluster_iterations: Lloyd steps of the flat k-means.
+        cluster_iterations: Lloyd steps of the flat k-means (of each of its k-means when
+            two-level).
+        clustering: ``"flat"``, ``"two_level"`` or ``"auto"`` (two-level when ``C`` exceeds
+            :data:`TWO_LEVEL_MIN_CLUSTERS`); see :meth:`ClassTree.from_vectors`.
 
     Returns:
         long ``[N]``: the leaf position of each point.
     """
+    if clustering not in CLUSTERINGS:
+        raise ValueError(f"clustering must be one of {list(CLUSTERINGS)}, got {clustering!r}")
     generator = torch.Generator(device=x.device).manual_seed(seed)
-    sample = torch.randperm(x.shape[0], generator=generator, device=x.device)
-    sample = x[sample[: max(_SEEDING_POINTS_PER_CENTROID * num_clusters, _SEEDING_POINTS)]]
-    centroids, assignment = kmeans(
-        x,
-        num_clusters,
-        init=kmeans_plus_plus(sample, num_clusters, generator),
-        niter=cluster_iterations,
-        seed=seed,
-        max_points_per_centroid=_FLAT_POINTS_PER_CENTROID,
+    two_level = clustering == "two_level" or (
+        clustering == "auto" and num_clusters > TWO_LEVEL_MIN_CLUSTERS
+    )
+    cluster = two_level_kmeans if two_level else flat_kmeans
+    centroids, assignment = cluster(
+        x, num_clusters, generator=generator, seed=seed, iterations=cluster_iterations
     )
     # a cluster left empty (duplicated points) is dropped: the others are renumbered 0..C'-1
     held, assignment = torch.unique(assignment, return_inverse=True)
@@ -306,6 +351,276 @@ def cluster_positions(
     return hierarchical_kmeans_positions(
         x, branching, seed=seed, iterations=iterations, clusters=order[assignment]
     )
+
+
+def flat_kmeans(
+    x: Tensor, num_clusters: int, *, generator: torch.Generator, seed: int, iterations: int
+) -> tuple[Tensor, Tensor]:
+    """One k-means of ``C`` centroids over all the points, from greedy k-means++ seeds.
+
+    The seeds (:func:`kmeans_plus_plus`, which puts one seed in each of well-separated clusters
+    where random seeds leave some clusters two and others none, to be cut or merged) are drawn
+    from :data:`_SEEDING_POINTS_PER_CENTROID` ``* C`` random points (at least
+    :data:`_SEEDING_POINTS`); ``iterations`` Lloyd steps
+    (:func:`~lightning_sampled.index.kmeans.kmeans`) train on at most
+    :data:`_FLAT_POINTS_PER_CENTROID` ``* C`` random points; then every point takes its nearest
+    centroid. Cost: ``O(C^2 D log C)`` for the seeds, ``O(N C D)`` for the assignment (and
+    ``O(C^2 D)`` per Lloyd step).
+
+    Args:
+        x: ``[N, D]`` fp32 points.
+        num_clusters: ``1 <= C <= N``.
+        generator: source of the seeding sample and of the seeds.
+        seed: seed of the Lloyd steps' training sample.
+        iterations: Lloyd steps.
+
+    Returns:
+        ``(centroids fp32 [C, D], assignment long [N])``: a cluster may be empty only when
+        points are duplicated (:func:`~lightning_sampled.index.kmeans.reseed_empty`).
+    """
+    if num_clusters == 1:
+        return x.mean(0, keepdim=True), torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    sample = torch.randperm(x.shape[0], generator=generator, device=x.device)
+    sample = x[sample[: max(_SEEDING_POINTS_PER_CENTROID * num_clusters, _SEEDING_POINTS)]]
+    return kmeans(
+        x,
+        num_clusters,
+        init=kmeans_plus_plus(sample, num_clusters, generator),
+        niter=iterations,
+        seed=seed,
+        max_points_per_centroid=_FLAT_POINTS_PER_CENTROID,
+    )
+
+
+def two_level_kmeans(
+    x: Tensor,
+    num_clusters: int,
+    *,
+    generator: torch.Generator,
+    seed: int,
+    iterations: int,
+    groups: int | None = None,
+    probes: int = _PROBES,
+    listings: int = _LISTINGS,
+    seeding_probes: int = _SEEDING_PROBES,
+) -> tuple[Tensor, Tensor]:
+    """One k-means of ``C`` centroids whose every step looks only at nearby centroids, found
+    through ``G`` coarse groups: ``O(N D sqrt(C))`` work per pass instead of ``O(N D C)``.
+
+    A :func:`flat_kmeans` of ``G = round(sqrt(C))`` coarse centroids comes first. Every point
+    then probes its ``p = probes`` nearest coarse centroids, and every fine centroid is listed
+    in the groups of its ``q = listings`` nearest coarse centroids; a point is compared with the
+    fine centroids listed in its ``p`` groups only (:func:`probed_nearest`, an IVF search with
+    ``nprobe = p`` over lists that hold each centroid ``q`` times), about ``p q C / G`` of them.
+    The fine centroids are seeded by greedy k-means++ over a random sample of
+    :data:`_SEEDING_POINTS_PER_CENTROID` ``* C`` points (:func:`probed_kmeans_plus_plus`,
+    where a candidate seed's gain and the distances it lowers are counted over the points that
+    probe its group, and the seeds are added in batches), moved by ``iterations`` Lloyd steps
+    on :data:`_PROBED_POINTS_PER_CENTROID` ``* C`` random points, and every point takes its
+    nearest fine centroid by the probed search. A point's true nearest centroid can be missed
+    when none of its groups lists it (0.9% of the points on the planted table below).
+
+    The groups only prune the search: they are not a partition that the fine clusters must
+    respect. Splitting the points into the coarse groups first and clustering each group apart
+    (faiss' ``contrib.clustering.two_level_clustering``) cut most natural clusters at the groups'
+    borders: on the planted table of 1e6 points in 1e4 clusters (D = 64) with 100 groups, 97% of
+    the clusters had points in two groups or more, and the fine clusters held 54% of a planted
+    cluster's points on average; with this search they held 98% (one k-means of ``C``: 99% at
+    ``N = 1e5``), and the beam search's recall on the resulting tree equalled that of a tree
+    built on the true planted clusters.
+
+    Args:
+        x: ``[N, D]`` fp32 points.
+        num_clusters: ``1 <= C <= N``.
+        generator: source of the seeding sample and of the seeds.
+        seed: seed of the training samples.
+        iterations: Lloyd steps of the coarse and of the fine k-means.
+        groups: ``G``, ``1 <= G <= C``; by default ``round(sqrt(C))``.
+        probes: ``p >= 1``, the coarse groups each point searches (at most ``G``).
+        listings: ``q >= 1``, the coarse groups that list each fine centroid (at most ``G``).
+        seeding_probes: the coarse groups each point of the seeding sample probes.
+
+    Returns:
+        ``(centroids fp32 [C, D], assignment long [N])``: a cluster may be left empty (its
+        points all nearer another centroid), as a cluster of duplicated points is in
+        :func:`flat_kmeans`.
+    """
+    num_points = x.shape[0]
+    if groups is None:
+        groups = max(1, round(math.sqrt(num_clusters)))
+    if not 1 <= groups <= num_clusters:
+        raise ValueError(f"groups must be in [1, C={num_clusters}], got {groups}")
+    if min(probes, listings, seeding_probes) < 1:
+        raise ValueError(
+            f"probes, listings and seeding_probes must be >= 1, got "
+            f"{probes}, {listings}, {seeding_probes}"
+        )
+    probes = min(probes, groups)
+    coarse, _ = flat_kmeans(x, groups, generator=generator, seed=seed, iterations=iterations)
+    sample = torch.randperm(num_points, generator=generator, device=x.device)
+    sample = x[sample[: max(_SEEDING_POINTS_PER_CENTROID * num_clusters, _SEEDING_POINTS)]]
+    centroids = probed_kmeans_plus_plus(
+        sample, num_clusters, coarse, min(seeding_probes, groups), generator
+    )
+    train = x[
+        training_sample(num_points, num_clusters, _PROBED_POINTS_PER_CENTROID, seed, x.device)
+    ]
+    train_groups = nearest_groups(train, coarse, probes)
+    ones = train.new_ones(train.shape[0])
+    for _ in range(iterations):
+        assignment = probed_nearest(train, train_groups, centroids, coarse, listings)
+        sums = torch.zeros_like(centroids).index_add_(0, assignment, train)
+        counts = train.new_zeros(num_clusters).index_add_(0, assignment, ones)[:, None]
+        centroids = torch.where(counts > 0, sums / counts.clamp(min=1.0), centroids)
+    assignment = probed_nearest(x, nearest_groups(x, coarse, probes), centroids, coarse, listings)
+    return centroids, assignment
+
+
+def nearest_groups(x: Tensor, coarse: Tensor, probes: int, chunk_size: int = 65536) -> Tensor:
+    """Long ``[n, probes]``: the ``probes`` nearest rows of ``coarse`` ``[G, D]`` (squared
+    Euclidean distance) of every row of ``x`` ``[n, D]``, nearest first, in row chunks."""
+    half_norms = 0.5 * (coarse * coarse).sum(1)
+    return torch.cat(
+        [
+            torch.addmm(half_norms, rows, coarse.T, alpha=-1.0).topk(probes, 1, largest=False)[1]
+            for rows in x.split(chunk_size)
+        ]
+    )
+
+
+def _inverted_lists(keys: Tensor, num_lists: int) -> tuple[Tensor, list[int], list[int]]:
+    """``(ids, starts, counts)``: the positions in ``keys`` (long, any shape, flattened) sorted by
+    key, and where each key's run starts and how long it is."""
+    flat = keys.reshape(-1)
+    ids = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_lists)
+    return ids, (torch.cumsum(counts, 0) - counts).tolist(), counts.tolist()
+
+
+def probed_nearest(
+    x: Tensor, groups: Tensor, centroids: Tensor, coarse: Tensor, listings: int
+) -> Tensor:
+    """Long ``[n]``: the nearest centroid of every row of ``x`` ``[n, D]`` among the centroids
+    listed in its probed groups (``groups`` long ``[n, p]``), a centroid of ``centroids``
+    ``[C, D]`` being listed in the groups of its ``listings`` nearest rows of ``coarse``
+    ``[G, D]``. A row none of whose groups lists a centroid is compared with all of them."""
+    num_groups, probes = coarse.shape[0], groups.shape[1]
+    listings = min(listings, num_groups)
+    listed, listed_starts, listed_counts = _inverted_lists(
+        nearest_groups(centroids, coarse, listings), num_groups
+    )
+    listed = torch.div(listed, listings, rounding_mode="floor")
+    slots, starts, counts = _inverted_lists(groups, num_groups)
+    points = torch.div(slots, probes, rounding_mode="floor")
+    half_norms = 0.5 * (centroids * centroids).sum(1)
+    best = torch.full((x.shape[0],), math.inf, device=x.device)
+    nearest = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    for group in range(num_groups):
+        if listed_counts[group] == 0 or counts[group] == 0:
+            continue
+        mine = listed[listed_starts[group] : listed_starts[group] + listed_counts[group]]
+        ids = points[starts[group] : starts[group] + counts[group]]
+        scores = torch.addmm(half_norms[mine], x[ids], centroids[mine].T, alpha=-1.0)
+        values, which = scores.min(1)
+        better = values < best[ids]
+        best[ids] = torch.where(better, values, best[ids])
+        nearest[ids] = torch.where(better, mine[which], nearest[ids])
+    lost = torch.isinf(best).nonzero().squeeze(1)
+    if lost.numel():
+        nearest[lost] = nearest_centroid(x[lost], centroids)
+    return nearest
+
+
+def probed_kmeans_plus_plus(
+    x: Tensor, k: int, coarse: Tensor, probes: int, generator: torch.Generator
+) -> Tensor:
+    """Greedy k-means++ seeds (:func:`kmeans_plus_plus`) chosen in batches, with the distances
+    cut down by coarse groups: fp32 ``[k, D]`` seeds, rows of ``x`` ``[m, D]``.
+
+    Each of about :data:`_SEEDING_ROUNDS` rounds draws ``(2 + ln k)`` candidates per seed it
+    adds, with probability proportional to their squared distance to the nearest seed so far,
+    and scores each by its gain (the drop of the total squared distance to the nearest seed
+    that it alone would bring), then adds the best candidates, skipping one that a better
+    candidate of the round lies within half its squared distance to the nearest seed (two
+    draws from one natural cluster). Every point probes its ``probes`` nearest rows of
+    ``coarse`` ``[G, D]``; a candidate's gain and the distances it lowers are counted over the
+    points that probe the candidate's own nearest group only, about ``probes * m / G`` points,
+    so the work is ``O(m k D probes log k / G)`` instead of ``O(m k D log k)``; the other points
+    are taken as too far to be helped. Extra memory: ``probes`` copies of ``x``.
+    """
+    num_groups = coarse.shape[0]
+    groups = nearest_groups(x, coarse, probes)
+    slots, starts, counts = _inverted_lists(groups, num_groups)
+    members = torch.div(slots, probes, rounding_mode="floor")
+    lists = (members, x[members], starts, counts)
+    trials = 2 + int(math.log(k))
+    first = torch.randint(x.shape[0], (1,), generator=generator, device=x.device)
+    nearest = ((x - x[first]) ** 2).sum(1)
+    chosen = [first]
+    added = 1
+    batch = max(1, -(-k // _SEEDING_ROUNDS))
+    while added < k:
+        size = min(batch, k - added)
+        weights = nearest if bool(nearest.sum() > 0) else torch.ones_like(nearest)
+        candidates = torch.multinomial(
+            weights, trials * size, replacement=True, generator=generator
+        )
+        gains, _ = _probed_gains(x, candidates, groups[candidates, 0], nearest, lists)
+        ranked = candidates[torch.argsort(gains, descending=True, stable=True)]
+        pool = ranked[: 4 * size]
+        picked = pool[~_covered(x[pool], nearest[pool])][:size]
+        _, lowered = _probed_gains(x, picked, groups[picked, 0], nearest, lists)
+        nearest = lowered
+        nearest[picked] = 0.0
+        chosen.append(picked)
+        added += picked.numel()
+    return x[torch.cat(chosen)]
+
+
+def _covered(rows: Tensor, nearest: Tensor, chunk_size: int = 2048) -> Tensor:
+    """Bool ``[c]``: whether an earlier row of ``rows`` ``[c, D]`` lies within half of each
+    row's squared distance ``nearest`` ``[c]`` to its nearest seed (in row chunks, so memory is
+    ``O(chunk_size * c)``)."""
+    covered = torch.zeros(rows.shape[0], dtype=torch.bool, device=rows.device)
+    for start in range(1, rows.shape[0], chunk_size):
+        end = min(start + chunk_size, rows.shape[0])
+        close = torch.cdist(rows[start:end], rows[:end]) ** 2 < 0.5 * nearest[start:end, None]
+        earlier = torch.arange(end, device=rows.device) < torch.arange(start, end)[:, None]
+        covered[start:end] = (close & earlier).any(1)
+    return covered
+
+
+def _probed_gains(
+    x: Tensor,
+    candidates: Tensor,
+    homes: Tensor,
+    nearest: Tensor,
+    lists: tuple[Tensor, Tensor, list[int], list[int]],
+) -> tuple[Tensor, Tensor]:
+    """``(gains [c], lowered [m])`` of candidate seeds ``candidates`` (long ``[c]`` rows of ``x``
+    ``[m, D]``, of nearest group ``homes``): the drop of ``sum(nearest)`` each alone brings over
+    the points that probe its group, and ``nearest`` lowered by all of them together. ``lists``
+    holds the points that probe each group, group after group: their ids, their rows, and the
+    start and length of every group's run."""
+    members, grouped, starts, counts = lists
+    gains = torch.zeros(candidates.numel(), device=x.device)
+    lowered = nearest.clone()
+    rows = x[candidates]
+    half_norms = 0.5 * (rows * rows).sum(1)
+    by_home, home_starts, home_counts = _inverted_lists(homes, len(starts))
+    for group, (start, count) in enumerate(zip(home_starts, home_counts, strict=True)):
+        if count == 0 or counts[group] == 0:
+            continue
+        mine = by_home[start : start + count]
+        run = slice(starts[group], starts[group] + counts[group])
+        ids, points = members[run], grouped[run]
+        # ||p - c||^2 = ||p||^2 + 2 (||c||^2 / 2 - p . c)
+        distances = torch.addmm(half_norms[mine], points, rows[mine].T, alpha=-1.0)
+        distances.mul_(2).add_((points * points).sum(1, keepdim=True)).clamp_(min=0)
+        before = nearest[ids]
+        gains[mine] = (before[:, None] - distances).clamp_(min=0).sum(0)
+        lowered[ids] = torch.minimum(lowered[ids], distances.amin(1))
+    return gains, lowered
 
 
 def kmeans_plus_plus(x: Tensor, k: int, generator: torch.Generator) -> Tensor:
