@@ -94,7 +94,9 @@ class ShardedTables(pl.Callback):
             for optimizer, saved in zip(
                 trainer.optimizers, checkpoint.get("optimizer_states", []), strict=False
             ):
-                for param, entry in row_states(optimizer, saved, head):
+                for index, param in row_states(optimizer, saved, head):
+                    # a new entry: optimizer.state_dict() shares its entries with the live state
+                    entry = saved["state"][index] = dict(saved["state"][index])
                     for name, value in entry.items():
                         if is_per_row(value, param.shape[0]):
                             rows = whole_rows_on_first_rank(
@@ -125,12 +127,13 @@ def split_heads(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, head) for name, head in sharded_heads(module) if head.is_split]
 
 
-def row_states(optimizer, saved: dict, head: nn.Module) -> list[tuple[Tensor, dict]]:
-    """``(param, its entry of saved["state"])`` for the head's table and bias, found by their
-    positions in ``optimizer``'s parameter groups (how ``state_dict()`` numbers them)."""
+def row_states(optimizer, saved: dict, head: nn.Module) -> list[tuple[int, Tensor]]:
+    """``(index, param)``: the keys in ``saved["state"]`` of the head's table and bias, and the
+    parameters, found by their positions in ``optimizer``'s parameter groups (how
+    ``state_dict()`` numbers them)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return [
-        (param, saved["state"][index])
+        (index, param)
         for index, param in enumerate(params)
         if any(param is own for own in (head.weight, head.bias)) and index in saved["state"]
     ]

@@ -88,11 +88,25 @@ def fit(devices: int, epochs: int, head: str, resume: str | None = None) -> L.Tr
     return trainer
 
 
+def check_live_state_keeps_its_rows(trainer: L.Trainer) -> None:
+    """Saving gathers the whole table's optimizer rows into the checkpoint, never into the
+    optimizer's own state (which a later save or step would then misread)."""
+    weight = trainer.lightning_module.head.weight
+    for name, value in trainer.optimizers[0].state[weight].items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            if value.shape[0] != weight.shape[0]:
+                raise AssertionError(
+                    f"after a save the optimizer state {name} has {value.shape[0]} rows, its "
+                    f"parameter {weight.shape[0]}"
+                )
+
+
 def main(out: str, devices: int, epochs: int, head: str, resume: str | None) -> None:
     rank = int(os.environ.get("LOCAL_RANK", 0))
     try:
         trainer = fit(devices, epochs, head, resume)
         trainer.save_checkpoint(out)
+        check_live_state_keeps_its_rows(trainer)
     except Exception:
         with open(f"{out}.error{rank}.txt", "w") as f:
             f.write(traceback.format_exc())
