@@ -77,16 +77,16 @@ def timed_build(build: Callable[[], object]) -> tuple[object, float]:
 def faiss_indexes(table: Tensor, args: argparse.Namespace) -> tuple[dict, dict]:
     """``({name: search call}, {name: build seconds})`` of the IVF and HNSW settings."""
     nlist = int(4 * math.sqrt(table.shape[0]))
-    data = table.numpy()
+    data, dim = table.numpy(), table.shape[1]
 
     def ivf() -> faiss.Index:
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(DIM), DIM, nlist, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
         index.train(data)
         index.add(data)
         return index
 
     def hnsw() -> faiss.Index:
-        index = faiss.IndexHNSWFlat(DIM, 32, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
         index.add(data)
         return index
 
@@ -126,9 +126,21 @@ def planted(num_classes: int, args: argparse.Namespace) -> tuple[Tensor, Tensor]
 def topk_rows(num_classes: int, args: argparse.Namespace) -> list[dict]:
     """The rows of one class count: exact, beam top-k at every beam, IVF and HNSW settings."""
     table, z = planted(num_classes, args)
+    return compare_topk(table, z, args)
+
+
+def flat_clusters(num_classes: int, max_clusters: int | None = None) -> int:
+    """The tree's flat cluster count ``C = N / 100`` (at least 1), capped by ``max_clusters``."""
     clusters = max(1, num_classes // 100)
-    if args.max_clusters is not None:
-        clusters = min(clusters, args.max_clusters)
+    return clusters if max_clusters is None else min(clusters, max_clusters)
+
+
+def compare_topk(table: Tensor, z: Tensor, args: argparse.Namespace) -> list[dict]:
+    """The rows of one table ``[N, D]`` and its queries ``z [T, D]``: exact, beam top-k at every
+    ``args.beams``, IVF at every ``args.nprobes`` and HNSW at every ``args.efs`` (also reads
+    ``args.seed``, ``args.max_clusters``, ``args.max_hnsw`` and ``args.repeats``)."""
+    num_classes = table.shape[0]
+    clusters = flat_clusters(num_classes, args.max_clusters)
     tree, tree_build = timed_build(
         lambda: ClassTree.from_vectors(table, 10, seed=args.seed, num_clusters=clusters)
     )
@@ -161,7 +173,7 @@ def topk_rows(num_classes: int, args: argparse.Namespace) -> list[dict]:
                 "num_classes": num_classes,
                 "method": name,
                 "recall_at_10": recall(found[name], exact),
-                "queries_per_s": args.queries / median,
+                "queries_per_s": z.shape[0] / median,
                 "speedup_vs_exact": exact_s / median,
                 "build_s": build.get(family, ""),
                 "median_s": median,
