@@ -51,7 +51,7 @@ class ShardedTables(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         heads = sharded_heads(pl_module)
-        self.heads = [name or "the module" for name, _ in heads]
+        self.heads = head_names(heads)
         if not heads:
             rank_zero_warn("ShardedTables found no head built with sharded=True")
             return
@@ -71,8 +71,7 @@ class ShardedTables(pl.Callback):
         """Refuses a sharded head that :meth:`setup` did not see (one built in
         ``configure_model``, which Lightning calls after the callbacks' ``setup``): DDP would
         have taken its rows for replicas and broadcast rank 0's over the others'."""
-        late = [name or "the module" for name, _ in sharded_heads(pl_module)]
-        late = [name for name in late if name not in self.heads]
+        late = [name for name in head_names(sharded_heads(pl_module)) if name not in self.heads]
         if late:
             raise ValueError(
                 f"ShardedTables: the sharded heads {late} were built after setup (in "
@@ -143,6 +142,11 @@ def is_per_row(value: object, rows: int) -> bool:
     """Whether an optimizer state entry holds one row (or value) per class: a tensor whose first
     dimension is ``rows`` (the moments, a row-wise accumulator), not a step count."""
     return isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == rows
+
+
+def head_names(heads: list[tuple[str, nn.Module]]) -> list[str]:
+    """The names of ``(name, head)`` pairs, ``"the module"`` for the LightningModule itself."""
+    return [name or "the module" for name, _ in heads]
 
 
 def sharded_heads(module: nn.Module) -> list[tuple[str, nn.Module]]:

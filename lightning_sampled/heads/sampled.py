@@ -317,10 +317,10 @@ class SampledSoftmaxHead(ProposalHead):
             if self.num_negatives:
                 with torch.no_grad():
                     log_q = self.sampler.log_prob(z.detach(), ids)
-            log_size = self._log_size(ids, log_q, batch)
+            log_size = self.log_size(ids, log_q, batch)
             columns.append(in_batch_logits(neg, log_size, candidates, self.removes_accidental_hits))
         if self.corrects_positive:
-            pos = pos - self._log_size(target, pos_log_q, batch)
+            pos = pos - self.log_size(target, pos_log_q, batch)
         return torch.cat([pos[:, None], *columns], dim=1)
 
     def _draw(self, z: Tensor, target: Tensor) -> tuple[Sample, Tensor | None]:
@@ -353,13 +353,18 @@ class SampledSoftmaxHead(ProposalHead):
             frequency = TargetFrequency(self.num_classes, counts=counts)
         return BatchProposal(frequency, target.numel() - 1, target)
 
-    def _log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
+    def log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
         """``log(M q(ids))``, or with in-batch negatives the mixture's
-        ``log(M q + (T - 1) q_b)``, of candidate ids ``[M]``, ``[T, M]`` or ``[T]``."""
+        ``log(M q + (T - 1) q_b)``, of candidate ids ``[M]``, ``[T, M]`` or ``[T]`` whose
+        ``log q`` under the sampler is ``log_q`` (``None`` with no draws). Over a split table
+        (:mod:`.stratified`) the ids are this rank's local rows, ``log_q`` is under its
+        restricted proposal and ``M`` is its ``M_r``."""
+        m = self.num_local_negatives if self.is_split else self.num_negatives
         if batch is None:
-            return math.log(self.num_negatives) + log_q
-        log_q_batch = batch.frequency.log_prob(ids, batch.targets)
-        return log_mixture_size(log_q, self.num_negatives, log_q_batch, batch.num_draws)
+            return math.log(m) + log_q
+        global_ids = self.shard_map.global_ids(ids) if self.is_split else ids
+        log_q_batch = batch.frequency.log_prob(global_ids, batch.targets)
+        return log_mixture_size(log_q, m, log_q_batch, batch.num_draws)
 
     def _corrected(
         self,
@@ -371,7 +376,7 @@ class SampledSoftmaxHead(ProposalHead):
     ) -> Tensor:
         """Candidate logits ``[T, C]`` of ids ``[C]`` / ``[T, C]`` minus their log-size, with
         accidental hits at ``-inf`` when the convention removes them."""
-        log_size = self._log_size(ids, log_q, batch)
+        log_size = self.log_size(ids, log_q, batch)
         return corrected_candidates(logits, ids, log_size, target, self.removes_accidental_hits)
 
     @property

@@ -36,10 +36,10 @@ from torch import Tensor
 from ..samplers import Sampler
 from ..sharding import ShardMap
 from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
-from .in_batch import BatchCandidates, batch_candidates, in_batch_logits, log_mixture_size
+from .in_batch import BatchCandidates, batch_candidates, in_batch_logits
 
 if TYPE_CHECKING:
-    from .sampled import BatchProposal, SampledSoftmaxHead
+    from .sampled import SampledSoftmaxHead
 
 
 def stratum_size(sampler: Sampler, ids: Tensor, num_negatives: int, dim: int) -> int:
@@ -85,7 +85,7 @@ def stratified_losses(head: SampledSoftmaxHead, queries: Tensor, target: Tensor)
         with torch.no_grad():
             draw = head.sampler.sample(z.detach(), m, shared=head.shared_negatives)
         pos, neg = head.target_and_candidate_logits(z, held_y, draw.ids)
-        log_size = stratum_log_size(head, draw.ids, draw.log_q, batch)
+        log_size = head.log_size(draw.ids, draw.log_q, batch)
         neg = neg - log_size
         if head.removes_accidental_hits:
             neg = neg.masked_fill(draw.ids.expand_as(neg) == local_y[:, None], -math.inf)
@@ -101,31 +101,17 @@ def stratified_losses(head: SampledSoftmaxHead, queries: Tensor, target: Tensor)
         if m:
             with torch.no_grad():
                 log_q = head.sampler.log_prob(z.detach(), ids)
-        log_size = stratum_log_size(head, ids, log_q, batch)
+        log_size = head.log_size(ids, log_q, batch)
         columns.append(in_batch_logits(neg, log_size, candidates, head.removes_accidental_hits))
     pos = all_reduce_sum(pos.masked_fill(~owned, 0.0), group)
     if head.corrects_positive:  # by the log-size of the positive on the rank s that holds it
         with torch.no_grad():
             log_q = head.sampler.log_prob(z.detach(), held_y[:, None])[:, 0] if m else None
-            log_size = stratum_log_size(head, held_y, log_q, batch)
+            log_size = head.log_size(held_y, log_q, batch)
             log_size = all_reduce_sum(torch.where(owned, log_size, 0.0), group)
         pos = pos - log_size
     lse = combined_logsumexp(torch.logsumexp(torch.cat(columns, dim=1), dim=1), group, once=pos)
     return (lse - pos)[own]
-
-
-def stratum_log_size(
-    head: SampledSoftmaxHead, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None
-) -> Tensor:
-    """The expected count's log of this rank's candidates, local ``ids`` (any shape) whose
-    ``log q_r`` under the restricted proposal is ``log_q`` (``None`` with no draws):
-    ``log(M_r q_r)``, or with in-batch negatives ``log(M_r q_r + (W T - 1) q_b)``."""
-    m = head.num_local_negatives
-    if batch is None:
-        return math.log(m) + log_q
-    global_ids = head.shard_map.global_ids(ids)
-    log_q_batch = batch.frequency.log_prob(global_ids, batch.targets)
-    return log_mixture_size(log_q, m, log_q_batch, batch.num_draws)
 
 
 def held_candidates(targets: Tensor, shard_map: ShardMap) -> BatchCandidates:
