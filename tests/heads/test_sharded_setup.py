@@ -172,3 +172,17 @@ def test_a_split_table_refuses_logits_and_adaptive_topk_by_name():
     ):
         with pytest.raises(ValueError, match=f"FullSoftmaxHead.{method} is not available"):
             call()
+
+
+def test_init_std_draws_new_tables_sharded_rows_and_added_classes_from_a_normal():
+    torch.manual_seed(0)
+    plain = FullSoftmaxHead(4000, 16, init_std=0.3)
+    sharded = FullSoftmaxHead(4000, 16, init_std=0.3, sharded=True)
+    sharded.shard()
+    plain.add_classes(2000)
+    for rows in (plain.weight[:4000], sharded.weight, plain.weight[4000:]):
+        assert float(rows.std()) == pytest.approx(0.3, rel=0.03)
+        assert float(rows.abs().max()) > 16**-0.5  # beyond the uniform default's bound
+    assert float(FullSoftmaxHead(4000, 16).weight.abs().max()) <= 16**-0.5
+    with pytest.raises(ValueError, match="init_std"):
+        FullSoftmaxHead(N, D, init_std=-1.0)
