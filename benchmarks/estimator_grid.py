@@ -1,0 +1,585 @@
+"""Which estimator convention to default to: every cell of issue 31's grid, several seeds, on a GPU.
+
+A cell is a task and a proposal: ``ptb`` (the LSTM of ``recipes/configs/lstm_ptb.yaml`` in the
+MIDX paper's Table 4 setting: 20 negatives per query, MIDX K = 32, 3 epochs), ``sasrec`` and
+``gru4rec`` (``recipes/configs/<model>_ml-1m.yaml``: 100 negatives per query, 10 epochs) crossed
+with the proposals ``uniform``, ``unigram`` and ``midx_rq`` (``recipes/configs/heads/<name>.yaml``)
+drawn per query, and ``uniform`` and ``unigram`` shared by the batch (``shared_negatives=True``;
+MIDX's proposal depends on the query, so it has no shared form). Every sampled cell trains under
+each of ``--conventions`` (``SampledSoftmaxHead(convention=...)``); each task also trains the full
+softmax and CANE (``cane.yaml``; on PTB 4 beam candidates and 16 noises, as Table 4's row), for
+reference. Each run validates exactly after every epoch (perplexity over all 10,000 words;
+NDCG@10 over all 3,706 items, the user's history excluded) and tests the best epoch's
+checkpoint, as ``recipes.compare`` does.
+
+The recipes' models, heads, samplers, callbacks (``IndexRefresh``) and optimizer are used as they
+are; the Trainer is a bare one (no logger, progress bar or early stopping) in fp32. Two
+departures from the recipes' data modules, which need Hugging Face ``datasets`` (absent on the
+GPU machine): the data are prepared on the CPU (``--prepare DIR``: ``ptb.pt`` and ``ml-1m.pt``,
+int16 tensors) and batched here, the MovieLens training windows in a new seeded order every
+epoch with the last incomplete batch dropped (the recipes keep it), and the excluded histories
+right-padded with ``-1`` (the recipes left-pad them; the set excluded is the same).
+
+Runs go to ``--workers`` processes at once (one GPU serves them all: these models are small and
+a step is bound by its launches), ordered seed by seed, so that a ``--deadline-s`` (no run
+starts after it) leaves whole seeds. Outputs in ``--out DIR``, rewritten after every run:
+``estimator_grid.csv`` (one row per run: best validation, its epoch, test, every epoch's
+validation, seconds) and, from it (also ``--report``), ``estimator_grid.md``: per task, each
+cell's test metric for each convention (mean and standard deviation over seeds), each
+convention's ratio to the cell's best, and whether it is *within*: no more than 3% worse than the
+best, or no further from it than the best's seed-to-seed range (max - min), and
+``estimator_grid.png``, the same as bars relative to the full softmax.
+
+Run: ``python -m benchmarks.estimator_grid --prepare .gpu_data`` (CPU, once), then ``python -m
+benchmarks.estimator_grid --data .gpu_data --out OUT --workers 14 --deadline-s 420``; ``--tiny``
+(a few batches of one epoch, on the CPU) is the dry run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import math
+import statistics
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from functools import cache, partial
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from lightning_sampled.callbacks import SamplerDiagnostics
+
+from .time_to_quality import (
+    Method,
+    ShuffledBatches,
+    class_from,
+    head_config,
+    recipe,
+    versions,
+    windows,
+)
+
+TASKS = {
+    "ptb": {"config": "lstm_ptb.yaml", "epochs": 3, "negatives": 20, "metric": "ppl"},
+    "sasrec": {"config": "sasrec_ml-1m.yaml", "epochs": 10, "negatives": 100, "metric": "ndcg@10"},
+    "gru4rec": {
+        "config": "gru4rec_ml-1m.yaml",
+        "epochs": 10,
+        "negatives": 100,
+        "metric": "ndcg@10",
+    },
+}
+#: (proposal, shared): the sampled cells of every task
+CELLS = (
+    ("uniform", False),
+    ("unigram", False),
+    ("midx_rq", False),
+    ("uniform", True),
+    ("unigram", True),
+)
+CONVENTIONS = ("exact_positive", "corrected_all")
+REFERENCES = ("full", "cane")
+#: PTB's CANE as Table 4's row: 4 beam candidates and 16 uniform noises
+PTB_CANE = {"num_candidates": 4, "num_noise": 16}
+#: a cell's convention is *within* when no more than this much worse than the best ...
+RELATIVE_TOLERANCE = 0.03
+
+
+# ----------------------------------------------------------------------------------------- data
+def prepare(out: Path) -> dict[str, Any]:
+    """Writes ``ptb.pt`` (the three token streams and the training counts) and ``ml-1m.pt``
+    (training windows, validation and test histories and targets, counts) as int16 tensors,
+    from the recipes' data modules (``datasets`` needed)."""
+    from recipes.data.movielens import MovieLens, training_windows
+    from recipes.data.ptb import PennTreebank
+
+    out.mkdir(parents=True, exist_ok=True)
+    ptb = PennTreebank()
+    streams = {split: ptb.stream(split).short() for split in ("train", "validation", "test")}
+    counts = torch.tensor(ptb.class_counts)
+    torch.save({"num_classes": ptb.num_classes, "counts": counts, **streams}, out / "ptb.pt")
+    args = recipe("sasrec_ml-1m.yaml")["data"]["init_args"]
+    ml = MovieLens(variant=args["variant"], max_len=args["max_len"])
+    inputs, targets = training_windows(ml.splits["train"]["items"], ml.max_len)
+    movielens: dict[str, Any] = {
+        "num_classes": ml.num_classes,
+        "counts": torch.tensor(ml.class_counts),
+        "train_input": inputs.short(),
+        "train_target": targets.short(),
+    }
+    for split in ("validation", "test"):
+        rows = ml.splits[split]
+        histories = [torch.tensor(h, dtype=torch.int16) for h in rows["history"]]
+        movielens[f"{split}_history"] = torch.cat(histories)
+        movielens[f"{split}_lengths"] = torch.tensor([h.numel() for h in histories])
+        movielens[f"{split}_target"] = torch.tensor(rows["target"])
+    torch.save(movielens, out / "ml-1m.pt")
+    return {p.name: p.stat().st_size for p in (out / "ptb.pt", out / "ml-1m.pt")}
+
+
+def history_batches(
+    flat: Tensor, lengths: Tensor, target: Tensor, max_len: int, size: int
+) -> list[dict[str, Tensor]]:
+    """Evaluation batches of ``size`` users from their concatenated histories.
+
+    Args:
+        flat: ``[sum(lengths)]`` every user's history in time order, one after the other.
+        lengths: ``[U]`` each user's history length.
+        target: ``[U]`` each user's held-out item.
+        max_len: the model's input length.
+
+    Returns:
+        ``{"history"}`` long ``[B, max_len]`` (the latest items, left-padded with 0),
+        ``{"target"}`` ``[B]`` and ``{"exclude"}`` ``[B, E]`` (the whole history, right-padded
+        with ``-1``).
+    """
+    users = list(torch.split(flat.long(), lengths.tolist()))
+    batches = []
+    for start in range(0, len(users), size):
+        chunk = users[start : start + size]
+        history = torch.stack(
+            [
+                torch.nn.functional.pad(u[-max_len:], (max_len - min(len(u), max_len), 0))
+                for u in chunk
+            ]
+        )
+        exclude = torch.nn.utils.rnn.pad_sequence(chunk, batch_first=True, padding_value=-1)
+        batches.append(
+            {"history": history, "target": target[start : start + size].long(), "exclude": exclude}
+        )
+    return batches
+
+
+@dataclass
+class TaskData:
+    """One task's batches on its device: ``train(seed)`` a fresh training loader per run."""
+
+    num_classes: int
+    counts: list[int]
+    train: Callable[[int], DataLoader]
+    validation: list[dict[str, Tensor]]
+    test: list[dict[str, Tensor]]
+
+
+@cache
+def load_task(data_dir: str, task: str, device_name: str, tiny: bool) -> TaskData:
+    """A task's prepared data on ``device_name`` (cached per worker process)."""
+    device = torch.device(device_name)
+    config = recipe(TASKS[task]["config"])["data"]["init_args"]
+    if task == "ptb":
+        data = torch.load(Path(data_dir) / "ptb.pt", weights_only=True)
+        stream = {k: data[k].long().to(device) for k in ("train", "validation", "test")}
+        train = windows(stream["train"], config["batch_size"], config["bptt"], full_only=False)
+        evaluation = {
+            split: windows(stream[split], 10, config["bptt"], full_only=False)  # eval_batch_size
+            for split in ("validation", "test")
+        }
+
+        def loader(seed: int) -> DataLoader:
+            return DataLoader(train, batch_size=None)  # in order, as the recipe
+    else:
+        data = torch.load(Path(data_dir) / "ml-1m.pt", weights_only=True)
+        table = {
+            "input": data["train_input"].long().to(device),
+            "target": data["train_target"].long().to(device),
+        }
+        evaluation = {
+            split: [
+                {k: v.to(device) for k, v in b.items()}
+                for b in history_batches(
+                    data[f"{split}_history"],
+                    data[f"{split}_lengths"],
+                    data[f"{split}_target"],
+                    config["max_len"],
+                    256,  # the recipes' eval_batch_size
+                )
+            ]
+            for split in ("validation", "test")
+        }
+
+        def loader(seed: int) -> DataLoader:
+            return DataLoader(ShuffledBatches(table, config["batch_size"], seed), batch_size=None)
+
+    if tiny:
+        evaluation = {k: v[:2] for k, v in evaluation.items()}
+    return TaskData(int(data["num_classes"]), data["counts"].tolist(), loader, **evaluation)
+
+
+# ----------------------------------------------------------------------------------------- runs
+@dataclass(frozen=True)
+class Run:
+    """One training run: a task, a method (``full``, ``cane`` or a proposal), for a proposal its
+    mode and convention, and a seed."""
+
+    task: str
+    method: str
+    seed: int
+    shared: bool | None = None
+    convention: str | None = None
+
+    @property
+    def cell(self) -> str:
+        if self.convention is None:
+            return self.method
+        return f"{self.method}, {'shared' if self.shared else 'per query'}"
+
+
+def runs(tasks: list[str], conventions: list[str], seeds: list[int]) -> list[Run]:
+    """Every run, seed by seed, the longest task first within a seed."""
+    order = sorted(tasks, key=lambda t: t != "ptb")
+    plan = []
+    for seed in seeds:
+        for task in order:
+            plan += [Run(task, method, seed) for method in REFERENCES]
+            plan += [
+                Run(task, proposal, seed, shared, convention)
+                for proposal, shared in CELLS
+                for convention in conventions
+            ]
+    return plan
+
+
+def method_of(run: Run) -> Method:
+    """The head config of ``run`` with its task's and run's options."""
+    m = head_config(run.method)
+    options: dict[str, Any] = {}
+    if run.convention is not None:
+        options.update(
+            num_negatives=TASKS[run.task]["negatives"],
+            shared_negatives=run.shared,
+            convention=run.convention,
+        )
+    elif run.method == "cane" and run.task == "ptb":
+        options.update(PTB_CANE)
+    head = partial(m.head.func, *m.head.args, **{**m.head.keywords, **options})
+    # SamplerDiagnostics reads the data module's validation batches, which a bare Trainer lacks
+    callbacks = tuple(c for c in m.callbacks if c[0] is not SamplerDiagnostics)
+    return Method(head, m.sampler, callbacks)
+
+
+class EpochValues(L.Callback):
+    """Each validation's value of ``monitor``."""
+
+    def __init__(self, monitor: str) -> None:
+        self.monitor = monitor
+        self.values: list[float] = []
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.values.append(float(trainer.callback_metrics[self.monitor]))
+
+
+def train(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, Any]:
+    """Trains ``run`` and tests its best epoch: the row of :func:`run_one`."""
+    spec = TASKS[run.task]
+    config = recipe(spec["config"])
+    data = load_task(data_dir, run.task, device_name, tiny)
+    m = method_of(run)
+    L.seed_everything(run.seed, verbose=False)
+    model_args = {k: v for k, v in config["model"]["init_args"].items() if k != "head"}
+    model = class_from(config["model"]["class_path"])(
+        data.num_classes, head=m.head, sampler=m.sampler, class_counts=data.counts, **model_args
+    )
+    monitor = f"val/{spec['metric']}"
+    mode = "min" if spec["metric"] == "ppl" else "max"
+    values = EpochValues(monitor)
+    with tempfile.TemporaryDirectory() as root:
+        best = ModelCheckpoint(dirpath=root, monitor=monitor, mode=mode, save_top_k=1)
+        trainer = L.Trainer(
+            accelerator=torch.device(device_name).type,
+            devices=1,
+            max_epochs=1 if tiny else spec["epochs"],
+            limit_train_batches=4 if tiny else None,
+            gradient_clip_val=config["trainer"].get("gradient_clip_val"),
+            callbacks=[best, values, *m.make_callbacks()],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=root,
+        )
+        start = time.perf_counter()
+        trainer.fit(model, data.train(run.seed), DataLoader(data.validation, batch_size=None))
+        fit_s = time.perf_counter() - start
+        tested = trainer.test(
+            model,
+            DataLoader(data.test, batch_size=None),
+            ckpt_path="best",
+            verbose=False,
+            weights_only=False,
+        )[0]
+        best_epoch = values.values.index((min if mode == "min" else max)(values.values)) + 1
+    return {
+        "val": (min if mode == "min" else max)(values.values),
+        "best_epoch": best_epoch,
+        "test": float(tested[f"test/{spec['metric']}"]),
+        "steps": trainer.global_step,
+        "fit_s": round(fit_s, 1),
+        "val_by_epoch": json.dumps([round(v, 5) for v in values.values]),
+        "head": " ".join(str(model.head).split())[:300],
+    }
+
+
+def run_one(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, Any]:
+    """One run in a worker process: its row (``status`` ``"ok"`` or the error's first line)."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*IterableDataset.*has .__len__. defined.*")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    row: dict[str, Any] = {**asdict(run), "cell": run.cell, "metric": TASKS[run.task]["metric"]}
+    start = time.perf_counter()
+    try:
+        row.update(train(run, data_dir, device_name, tiny), status="ok")
+    except Exception as err:  # one failed run must not lose the others' numbers
+        traceback.print_exc()
+        row["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    row["wall_s"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+# -------------------------------------------------------------------------------------- report
+def summarize(rows: list[dict]) -> Iterator[dict[str, Any]]:
+    """Per task, cell and convention (or reference method): the seeds' test values, their mean
+    and standard deviation, the ratio to the cell's best mean and whether it is *within*."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    for task in dict.fromkeys(r["task"] for r in ok):
+        lower = TASKS[task]["metric"] == "ppl"
+        for cell in dict.fromkeys(r["cell"] for r in ok if r["task"] == task):
+            groups: dict[str, list[float]] = {}
+            for r in ok:
+                if (r["task"], r["cell"]) == (task, cell):
+                    groups.setdefault(r["convention"] or "-", []).append(float(r["test"]))
+            means = {c: statistics.fmean(v) for c, v in groups.items()}
+            best = (min if lower else max)(means, key=means.get)
+            spread = max(groups[best]) - min(groups[best])
+            for convention, values in groups.items():
+                mean = means[convention]
+                ratio = mean / means[best]
+                gap = abs(mean - means[best])
+                worse = ratio - 1 if lower else 1 - ratio
+                yield {
+                    "task": task,
+                    "cell": cell,
+                    "convention": convention,
+                    "seeds": len(values),
+                    "mean": mean,
+                    "sd": statistics.stdev(values) if len(values) > 1 else math.nan,
+                    "ratio_to_best": ratio,
+                    "best": convention == best,
+                    "within": worse <= RELATIVE_TOLERANCE or gap <= spread,
+                }
+
+
+def report(rows: list[dict], out: Path, header: list[str]) -> None:
+    """``estimator_grid.md`` and ``estimator_grid.png`` from the runs' rows."""
+    summary = list(summarize(rows))
+    lines = [*header, ""]
+    conventions = list(dict.fromkeys(s["convention"] for s in summary if s["convention"] != "-"))
+    for task in dict.fromkeys(s["task"] for s in summary):
+        metric = TASKS[task]["metric"]
+        lines += [f"### {task}: test {metric} of the best-validation epoch", ""]
+        lines += ["| cell | " + " | ".join(conventions) + " |", "|---|" + "---|" * len(conventions)]
+        for cell in dict.fromkeys(s["cell"] for s in summary if s["task"] == task):
+            found = {s["convention"]: s for s in summary if (s["task"], s["cell"]) == (task, cell)}
+            if "-" in found:
+                s = found["-"]
+                lines.append(
+                    f"| {cell} (reference) | {describe(s, False)} |" + " |" * (len(conventions) - 1)
+                )
+                continue
+            lines.append(
+                f"| {cell} | "
+                + " | ".join(describe(found[c], True) if c in found else "—" for c in conventions)
+                + " |"
+            )
+        lines.append("")
+    lines += ["### Cells within 3% of the best (or its seed range), by convention", ""]
+    for convention in conventions:
+        mine = [s for s in summary if s["convention"] == convention]
+        misses = [
+            f"{s['task']} {s['cell']} ({s['ratio_to_best']:.3f})" for s in mine if not s["within"]
+        ]
+        lines.append(
+            f"- `{convention}`: {sum(s['within'] for s in mine)} of {len(mine)}"
+            + (f"; not: {', '.join(misses)}" if misses else "")
+        )
+    (out / "estimator_grid.md").write_text("\n".join(lines) + "\n")
+    plot(summary, out / "estimator_grid.png")
+
+
+def describe(s: dict[str, Any], ranked: bool) -> str:
+    """``mean ± sd (n)``, with the ratio to the cell's best and a mark when not within."""
+    text = f"{s['mean']:.4g} ± {s['sd']:.2g} ({s['seeds']})"
+    if ranked:
+        text += f", {s['ratio_to_best']:.3f}x" + ("" if s["within"] else " **out**")
+    return text
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    """Per task, each cell's conventions as bars relative to the full softmax's mean (lower is
+    better for perplexity), with the seeds' standard deviation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(s["task"] for s in summary))
+    if not tasks:
+        return
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        full = next((s["mean"] for s in summary if (s["task"], s["cell"]) == (task, "full")), None)
+        cells = [c for c in dict.fromkeys(s["cell"] for s in summary if s["task"] == task)]
+        cells = [c for c in cells if c not in REFERENCES]
+        conventions = list(
+            dict.fromkeys(
+                s["convention"] for s in summary if s["task"] == task and s["cell"] in cells
+            )
+        )
+        width = 0.8 / max(len(conventions), 1)
+        for i, convention in enumerate(conventions):
+            found = {
+                s["cell"]: s for s in summary if (s["task"], s["convention"]) == (task, convention)
+            }
+            xs = [j + i * width for j, c in enumerate(cells) if c in found]
+            ys = [found[c]["mean"] / (full or 1.0) for c in cells if c in found]
+            es = [
+                (found[c]["sd"] if found[c]["seeds"] > 1 else 0.0) / (full or 1.0)
+                for c in cells
+                if c in found
+            ]
+            ax.bar(xs, ys, width, yerr=es, label=convention)
+        ax.set_xticks(
+            [j + 0.4 - width / 2 for j in range(len(cells))], cells, rotation=25, fontsize=8
+        )
+        metric = TASKS[task]["metric"]
+        ax.set_ylabel(f"test {metric} / full softmax's" if full else f"test {metric}")
+        if metric == "ppl":
+            ax.set_yscale("log")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_title(task)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_rows(rows: list[dict], path: Path) -> None:
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["convention"] = r["convention"] or None
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepare", type=Path, help="write the carried data into DIR and exit")
+    parser.add_argument("--data", type=Path, help="the prepared data (--prepare DIR)")
+    parser.add_argument("--out", type=Path, help="where the results go")
+    parser.add_argument(
+        "--report", action="store_true", help="only rewrite the report from OUT's CSV"
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--conventions", nargs="+", default=list(CONVENTIONS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=2, help="runs at once")
+    parser.add_argument("--deadline-s", type=float, help="start no run after this many seconds")
+    parser.add_argument("--commit", help="the commit, where git cannot tell")
+    parser.add_argument("--tiny", action="store_true", help="4 batches of one epoch: a dry run")
+    args = parser.parse_args(argv)
+    if args.prepare is None and args.out is None:
+        parser.error("give --prepare DIR, or --out DIR (with --data DIR unless --report)")
+    if args.prepare is None and not args.report and args.data is None:
+        parser.error("--data DIR is needed to train")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    if args.prepare is not None:
+        print(f"prepared {args.prepare}: {prepare(args.prepare)}")
+        return []
+    args.out.mkdir(parents=True, exist_ok=True)
+    info = versions(args.commit)
+    header = [
+        "# Estimator conventions, cell by cell (issue 31)",
+        "",
+        *(f"- {k}: {v}" for k, v in info.items()),
+        "- tasks: "
+        + "; ".join(
+            f"`{t}` ({TASKS[t]['config']}, {TASKS[t]['epochs']} epochs, {TASKS[t]['negatives']} "
+            "negatives per query or per batch)"
+            for t in args.tasks
+        ),
+        "- each value: the test metric of the best-validation epoch, mean ± sd over seeds "
+        "(count); `Nx`: ratio to the cell's best mean; **out**: more than 3% worse than the best "
+        "and further from it than the best's seed range",
+    ]
+    if args.tiny:
+        header.append("- dry run (--tiny): 4 batches of one epoch, 2 evaluation batches")
+    csv_path = args.out / "estimator_grid.csv"
+    if args.report:
+        rows = read_rows(csv_path)
+        report(rows, args.out, header)
+        return rows
+    plan = runs(args.tasks, args.conventions, args.seeds)
+    begin = time.perf_counter()
+    rows: list[dict] = []
+    pending: set[Future] = set()
+    context = get_context("spawn")
+    with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+        queue = list(plan)
+        while queue or pending:
+            late = args.deadline_s is not None and time.perf_counter() - begin > args.deadline_s
+            while queue and len(pending) < args.workers and not late:
+                run = queue.pop(0)
+                pending.add(pool.submit(run_one, run, str(args.data), args.device, args.tiny))
+            if late and queue:
+                print(f"deadline: {len(queue)} runs not started", flush=True)
+                rows += [{**asdict(r), "cell": r.cell, "status": "not started"} for r in queue]
+                queue = []
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                row = future.result()
+                rows.append(row)
+                print(
+                    f"[{time.perf_counter() - begin:6.1f} s] {row['task']} {row['cell']} "
+                    f"{row['convention'] or ''} seed {row['seed']}: {row['status']} "
+                    f"val {row.get('val', '')} test {row.get('test', '')} ({row['wall_s']} s)",
+                    flush=True,
+                )
+                write_rows(rows, csv_path)
+    report(rows, args.out, header)
+    print(f"estimator_grid: {time.perf_counter() - begin:.0f} s; results in {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
