@@ -31,8 +31,10 @@ best, or no further from it than the best's seed-to-seed range (max - min), and
 ``estimator_grid.png``, the same as bars relative to the full softmax.
 
 Run: ``python -m benchmarks.estimator_grid --prepare .gpu_data`` (CPU, once), then ``python -m
-benchmarks.estimator_grid --data .gpu_data --out OUT --workers 14 --deadline-s 420``; ``--tiny``
-(a few batches of one epoch, on the CPU) is the dry run.
+benchmarks.estimator_grid --data .gpu_data --out OUT --workers 14 --deadline-s 420``; with
+``--resume`` the runs already in ``OUT/estimator_grid.csv`` are kept and not run again (a machine
+lent for minutes at a time finishes the grid over several calls); ``--tiny`` (a few batches of
+one epoch, on the CPU) is the dry run.
 """
 
 from __future__ import annotations
@@ -93,6 +95,19 @@ CELLS = (
 )
 CONVENTIONS = ("exact_positive", "corrected_all")
 REFERENCES = ("full", "cane")
+
+
+def cell_name(method: str, shared: bool | None) -> str:
+    """A cell's name: the reference method's, or ``"<proposal>, per query | shared"``."""
+    if shared is None:
+        return method
+    return f"{method}, {'shared' if shared else 'per query'}"
+
+
+#: the cells in the order the report shows them
+CELL_ORDER = (*REFERENCES, *(cell_name(p, shared) for p, shared in CELLS))
+#: the provenance written on every row
+STAMP = ("machine", "torch", "driver", "commit")
 #: PTB's CANE as Table 4's row: 4 beam candidates and 16 uniform noises
 PTB_CANE = {"num_candidates": 4, "num_noise": 16}
 #: a cell's convention is *within* when no more than this much worse than the best ...
@@ -233,9 +248,7 @@ class Run:
 
     @property
     def cell(self) -> str:
-        if self.convention is None:
-            return self.method
-        return f"{self.method}, {'shared' if self.shared else 'per query'}"
+        return cell_name(self.method, self.shared)
 
 
 def runs(tasks: list[str], conventions: list[str], seeds: list[int]) -> list[Run]:
@@ -358,7 +371,8 @@ def summarize(rows: list[dict]) -> Iterator[dict[str, Any]]:
     ok = [r for r in rows if r["status"] == "ok"]
     for task in dict.fromkeys(r["task"] for r in ok):
         lower = TASKS[task]["metric"] == "ppl"
-        for cell in dict.fromkeys(r["cell"] for r in ok if r["task"] == task):
+        present = {r["cell"] for r in ok if r["task"] == task}
+        for cell in [c for c in CELL_ORDER if c in present]:
             groups: dict[str, list[float]] = {}
             for r in ok:
                 if (r["task"], r["cell"]) == (task, cell):
@@ -384,10 +398,38 @@ def summarize(rows: list[dict]) -> Iterator[dict[str, Any]]:
                 }
 
 
-def report(rows: list[dict], out: Path, header: list[str]) -> None:
+def header(rows: list[dict], tiny: bool) -> list[str]:
+    """The report's title and provenance, from the rows' stamps (:data:`STAMP`)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    lines = ["# Estimator conventions, cell by cell (issue 31)", ""]
+    for key in STAMP:
+        lines.append(f"- {key}: " + ", ".join(sorted({str(r.get(key, "?")) for r in ok})))
+    finished = sorted(r["finished"] for r in ok if r.get("finished"))
+    if finished:
+        lines.append(f"- runs finished between {finished[0]} and {finished[-1]}")
+    tasks = dict.fromkeys(r["task"] for r in ok)
+    lines += [
+        "- tasks: "
+        + "; ".join(
+            f"`{t}` (`recipes/configs/{TASKS[t]['config']}`, {TASKS[t]['epochs']} epochs, "
+            f"{TASKS[t]['negatives']} negatives per query or per batch, seeds "
+            + ", ".join(sorted({str(r["seed"]) for r in ok if r["task"] == t}))
+            + ")"
+            for t in tasks
+        ),
+        "- each value: the test metric of the best-validation epoch, mean ± sd over seeds "
+        "(count); `Nx`: ratio to the cell's best mean; **out**: more than 3% worse than the best "
+        "and further from it than the best's seed range (max - min)",
+    ]
+    if tiny:
+        lines.append("- dry run (--tiny): 4 batches of one epoch, 2 evaluation batches")
+    return lines
+
+
+def report(rows: list[dict], out: Path, tiny: bool = False) -> None:
     """``estimator_grid.md`` and ``estimator_grid.png`` from the runs' rows."""
     summary = list(summarize(rows))
-    lines = [*header, ""]
+    lines = [*header(rows, tiny), ""]
     conventions = list(dict.fromkeys(s["convention"] for s in summary if s["convention"] != "-"))
     for task in dict.fromkeys(s["task"] for s in summary):
         metric = TASKS[task]["metric"]
@@ -486,6 +528,16 @@ def write_rows(rows: list[dict], path: Path) -> None:
         writer.writerows(rows)
 
 
+def done_runs(rows: list[dict]) -> set[Run]:
+    """The runs that rows read back from the CSV (:func:`read_rows`) finished."""
+    shared = {"True": True, "False": False, "": None}
+    return {
+        Run(r["task"], r["method"], int(r["seed"]), shared[r["shared"]], r["convention"])
+        for r in rows
+        if r["status"] == "ok"
+    }
+
+
 def read_rows(path: Path) -> list[dict]:
     with path.open() as f:
         rows = list(csv.DictReader(f))
@@ -510,6 +562,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="runs at once")
     parser.add_argument("--deadline-s", type=float, help="start no run after this many seconds")
     parser.add_argument("--commit", help="the commit, where git cannot tell")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep OUT's finished runs (estimator_grid.csv) and run only the others",
+    )
     parser.add_argument("--tiny", action="store_true", help="4 batches of one epoch: a dry run")
     args = parser.parse_args(argv)
     if args.prepare is None and args.out is None:
@@ -525,31 +582,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"prepared {args.prepare}: {prepare(args.prepare)}")
         return []
     args.out.mkdir(parents=True, exist_ok=True)
-    info = versions(args.commit)
-    header = [
-        "# Estimator conventions, cell by cell (issue 31)",
-        "",
-        *(f"- {k}: {v}" for k, v in info.items()),
-        "- tasks: "
-        + "; ".join(
-            f"`{t}` ({TASKS[t]['config']}, {TASKS[t]['epochs']} epochs, {TASKS[t]['negatives']} "
-            "negatives per query or per batch)"
-            for t in args.tasks
-        ),
-        "- each value: the test metric of the best-validation epoch, mean ± sd over seeds "
-        "(count); `Nx`: ratio to the cell's best mean; **out**: more than 3% worse than the best "
-        "and further from it than the best's seed range",
-    ]
-    if args.tiny:
-        header.append("- dry run (--tiny): 4 batches of one epoch, 2 evaluation batches")
     csv_path = args.out / "estimator_grid.csv"
     if args.report:
         rows = read_rows(csv_path)
-        report(rows, args.out, header)
+        report(rows, args.out, args.tiny)
         return rows
-    plan = runs(args.tasks, args.conventions, args.seeds)
-    begin = time.perf_counter()
+    info = versions(args.commit)
+    stamp = {key: info[key] for key in STAMP}
     rows: list[dict] = []
+    if args.resume and csv_path.is_file():
+        rows = [r for r in read_rows(csv_path) if r["status"] == "ok"]
+    done = done_runs(rows)
+    plan = [run for run in runs(args.tasks, args.conventions, args.seeds) if run not in done]
+    print(f"estimator_grid: {len(plan)} runs to do, {len(done)} done before", flush=True)
+    begin = time.perf_counter()
     pending: set[Future] = set()
     context = get_context("spawn")
     with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
@@ -567,7 +613,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 break
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                row = future.result()
+                row = {
+                    **future.result(),
+                    **stamp,
+                    "finished": time.strftime("%FT%TZ", time.gmtime()),
+                }
                 rows.append(row)
                 print(
                     f"[{time.perf_counter() - begin:6.1f} s] {row['task']} {row['cell']} "
@@ -576,7 +626,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     flush=True,
                 )
                 write_rows(rows, csv_path)
-    report(rows, args.out, header)
+    report(rows, args.out, args.tiny)
     print(f"estimator_grid: {time.perf_counter() - begin:.0f} s; results in {args.out}")
     return rows
 

@@ -9,8 +9,8 @@ whose measurements do not exist yet says so, with the command that would make th
 with a number is generated from the tables, so the text cannot go stale. Nothing is measured here.
 
 One module per section (``speed``, ``sampling``, ``ptb``, ``movielens``, ``gcide``,
-``convention``, ``ddp``, ``adaptive``, ``gpu``, ``headline``), each naming the result files it
-reads;
+``convention``, ``ddp``, ``adaptive``, ``gpu``, ``estimator``, ``headline``), each naming the
+result files it reads;
 ``common`` formats and reads, ``quality`` compares quality rows with the full softmax, ``papers``
 holds the papers' numbers.
 
@@ -30,6 +30,7 @@ from .adaptive import section_adaptive_softmax
 from .common import Inputs
 from .convention import section_convention
 from .ddp import section_ddp
+from .estimator import section_estimator
 from .gcide import section_gcide
 from .gpu import section_gpu, write_gpu_md
 from .headline import section_headline
@@ -87,6 +88,7 @@ def build_report(inputs: Inputs) -> str:
         section_ddp(inputs),
         section_adaptive_softmax(inputs),
         section_gpu(inputs),
+        section_estimator(inputs),
         other_measurements(inputs),
     ]
     text = "\n".join(line for section in sections for line in [*section, ""])
