@@ -113,7 +113,12 @@ def make_head(run: Run) -> OutputHead:
         return FullSoftmaxHead(NUM_CLASSES, HIDDEN, bias=True)
     if run.method == "sampled":
         return SampledSoftmaxHead(
-            NUM_CLASSES, HIDDEN, UniformSampler(NUM_CLASSES), run.noise, bias=True
+            NUM_CLASSES,
+            HIDDEN,
+            UniformSampler(NUM_CLASSES),
+            run.noise,
+            bias=True,
+            convention="exact_positive",  # the library's default when the results were made
         )
     return CaneHead(NUM_CLASSES, HIDDEN, run.candidates, run.noise, BRANCHING, bias=True)
 
@@ -305,9 +310,10 @@ Classifier: Linear(25, 50) + ReLU, then the head (50-dim class vectors with bias
 Adam lr {args.lr}, batch {BATCH}, {args.steps} steps per run ({epochs:.2g} epochs), seed {args.seed}
 for every run (same initial encoder, same data order).
 Sampled softmax: 100 uniform negatives per query (with replacement, logQ-corrected, the
-library's default "exact_positive" convention). CANE: `CaneHead`, flat, branching {BRANCHING},
-beam = N_c, uniform noises outside the candidates; `head.refresh_index()` (what `IndexRefresh`
-calls) before the first step and every {args.refresh_every} steps, called by this script.
+"exact_positive" convention, the library's default until issue 31). CANE: `CaneHead`, flat,
+branching {BRANCHING}, beam = N_c, uniform noises outside the candidates; `head.refresh_index()`
+(what `IndexRefresh` calls) before the first step and every {args.refresh_every} steps, called by
+this script.
 `p@1_exact`: `head.topk` over all classes; `p@1_beam10` / `p@1_beam50`: `head.beam_topk(z, 1,
 beam)`. `train_coverage_last10pct`: `head.last_coverage` averaged over the last tenth of the
 steps; `test_coverage`: the share of test targets among the N_c candidates of the final model

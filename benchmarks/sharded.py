@@ -20,8 +20,9 @@ a linear encoder. Each rank measures:
 
 The bytes have a closed form (:func:`expected_bytes`), from :mod:`lightning_sampled.heads.
 stratified`: per step and rank, ``16 + T (4 D + 8)`` forward for the sizes, the queries and the
-targets it sends, and ``W T (4 D + 20)`` for the positives' logits, the log-sum-exps (max and
-sum) and, in backward, their gradients and the queries' gradient: nothing grows with ``N``. The
+targets it sends, and ``W T (4 D + 24)`` for the positives' logits and log-sizes (the default
+convention, ``corrected_all``, corrects the positive), the log-sum-exps (max and sum) and, in
+backward, their gradients and the queries' gradient: nothing grows with ``N``. The
 benchmark checks the count against the formula at every ``N``.
 
 Run: ``python -m benchmarks.sharded [--classes 1000000 10000000] [--worlds 1 2] [--dim 64]
@@ -59,12 +60,12 @@ OPTIMIZERS = (
 
 
 def expected_bytes(positions: int, dim: int, world: int) -> int:
-    """Bytes a rank sends per step of the stratified sampled head (module docstring), with
-    ``positions`` scored positions on every rank, fp32 queries and per-query draws; 0 in one
-    process."""
+    """Bytes a rank sends per step of the stratified sampled head (module docstring) under the
+    default convention, with ``positions`` scored positions on every rank, fp32 queries and
+    per-query draws; 0 in one process."""
     if world == 1:
         return 0
-    return 16 + positions * (4 * dim + 8) + world * positions * (4 * dim + 20)
+    return 16 + positions * (4 * dim + 8) + world * positions * (4 * dim + 24)
 
 
 class CollectiveBytes:

@@ -48,7 +48,7 @@ def sampled_softmax_loss(
     *,
     bias: Tensor | None = None,
     target_log_q: Tensor | None = None,
-    convention: str = "exact_positive",
+    convention: str = "corrected_all",
     num_hard_negatives: int | None = None,
     positives: str | None = None,
     sample_weight: Tensor | None = None,
@@ -69,7 +69,8 @@ def sampled_softmax_loss(
         bias: optional ``[N]``.
         target_log_q: ``log q_y``, the shape of ``target``, for the conventions that correct
             the positive.
-        convention: ``"exact_positive"`` (default), ``"corrected_all"`` or ``"tensorflow"``
+        convention: ``"corrected_all"`` (default; needs ``target_log_q``), ``"exact_positive"``
+            or ``"tensorflow"``
             (:class:`~lightning_sampled.heads.SampledSoftmaxHead`).
         num_hard_negatives: keep each position's ``k`` highest corrected negatives.
         positives: ``None`` (one positive per position), ``"each"`` or ``"soft_labels"``

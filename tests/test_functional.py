@@ -116,19 +116,25 @@ def test_sampled_softmax_loss_matches_the_reference_and_the_head(
 
 
 def test_every_class_once_under_its_uniform_probability_is_the_full_softmax(problem):
+    """``"exact_positive"``: no correction at ``M q = 1`` and the target's own draw masked."""
     z, weight, bias, target, w = problem
     every = torch.arange(N)
     uniform = torch.full((N,), -math.log(N))
+    sampled = sampled_softmax_loss(
+        z, weight, target, every, uniform, bias=bias, sample_weight=w, convention="exact_positive"
+    )
     torch.testing.assert_close(
-        sampled_softmax_loss(z, weight, target, every, uniform, bias=bias, sample_weight=w),
-        full_softmax_loss(z, weight, target, bias=bias, sample_weight=w),
+        sampled, full_softmax_loss(z, weight, target, bias=bias, sample_weight=w)
     )
 
 
 def test_only_the_scored_rows_get_a_gradient(problem):
     z, weight, bias, target, _ = problem
     ids = torch.tensor([1, 4])
-    sampled_softmax_loss(z, weight, target, ids, torch.zeros(2), bias=bias).backward()
+    target_log_q = torch.zeros(target.shape)  # the default corrects the positive
+    sampled_softmax_loss(
+        z, weight, target, ids, torch.zeros(2), bias=bias, target_log_q=target_log_q
+    ).backward()
     touched = set(target[target != IGNORE].tolist()) | {1, 4}
     rows = set(torch.nonzero(weight.grad.abs().sum(1)).view(-1).tolist())
     assert rows == touched
@@ -167,7 +173,9 @@ def test_a_head_with_given_negatives_trains_the_rows_it_scores():
     z = torch.randn(4, D)
     target = torch.tensor([0, 1, 2, 3])
     hard = torch.tensor([[5, 6], [7, 8], [9, 10], [11, 12]])
-    head(z, target, negatives=hard, negative_log_q=torch.zeros(4, 2)).backward()
+    head(
+        z, target, negatives=hard, negative_log_q=torch.zeros(4, 2), target_log_q=torch.zeros(4)
+    ).backward()
     grad = head.weight.grad.coalesce()
     # the targets and the given negatives, nothing drawn
     assert sorted(set(grad.indices()[0].tolist())) == [0, 1, 2, 3, *range(5, 13)]

@@ -79,7 +79,7 @@ def sampled_softmax_losses(
     candidate_log_q: Tensor,
     target: Tensor,
     *,
-    convention: str = "exact_positive",
+    convention: str = "corrected_all",
     target_log_q: Tensor | None = None,
     num_hard_negatives: int | None = None,
 ) -> Tensor:
@@ -159,7 +159,7 @@ def sampled_multi_positive_losses(
     targets: Tensor,
     *,
     positives: str,
-    convention: str = "exact_positive",
+    convention: str = "corrected_all",
     target_log_q: Tensor | None = None,
     num_hard_negatives: int | None = None,
 ) -> Tensor:

@@ -69,9 +69,10 @@ HEADS = {
     ),
     "midx_rq_torch": lambda **kw: SampledSoftmaxHead(N, D, midx("rq", "torch")(), M, **kw),
     "midx_pq_torch": lambda **kw: SampledSoftmaxHead(N, D, midx("pq", "torch")(), M, **kw),
-    # the positive scored by the same proposal: MIDXSampler.sample_and_score
-    "midx_rq_corrected_all": lambda **kw: SampledSoftmaxHead(
-        N, D, midx("rq", "torch")(), M, convention="corrected_all", **kw
+    # the default convention scores the positive by the same proposal (sample_and_score);
+    # this one leaves it uncorrected: MIDXSampler.sample alone
+    "midx_rq_exact_positive": lambda **kw: SampledSoftmaxHead(
+        N, D, midx("rq", "torch")(), M, convention="exact_positive", **kw
     ),
     "midx_rq_triton": pytest.param(
         lambda **kw: SampledSoftmaxHead(N, D, midx("rq", "triton")(), M, **kw),

@@ -21,14 +21,21 @@ N, D, NEW = 30, 6, 8
 
 
 def trained(head, optimizer, steps: int = 3, seed: int = 0):
-    """A few steps on fixed batches over the old classes, with fixed negatives among them."""
+    """A few steps on fixed batches over the old classes, with fixed negatives among them (and
+    the targets' ``log q``, which the default convention corrects the positive by)."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         z = torch.randn(5, D, generator=g)
         target = torch.randint(N, (5,), generator=g)
         negatives = torch.randint(N, (7,), generator=g)
         optimizer.zero_grad(set_to_none=True)
-        loss = head(z, target, negatives=negatives, negative_log_q=torch.full((7,), -3.0))
+        loss = head(
+            z,
+            target,
+            negatives=negatives,
+            negative_log_q=torch.full((7,), -3.0),
+            target_log_q=torch.full((5,), -3.0),
+        )
         loss.backward()
         optimizer.step()
     return head

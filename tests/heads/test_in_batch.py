@@ -46,7 +46,8 @@ def brute_force_losses(head, z, y, draws=None, log_q_sampled=None, log_q_batch=N
     """Per-position losses of the mixed estimator written out position by position.
 
     ``draws`` [T, M] (or None) with their ``log_q_sampled`` (a callable of ids); ``log_q_batch``
-    a callable of ids; the default convention (positive uncorrected, hits masked)."""
+    a callable of ids; the ``"exact_positive"`` convention (positive uncorrected, hits masked),
+    which the heads compared with it name."""
     t_count = y.numel()
     m = 0 if draws is None else draws.shape[1]
     w, b = head.weight, head.bias if head.bias is not None else torch.zeros(head.num_classes)
@@ -72,7 +73,13 @@ def test_pure_in_batch_loss_equals_the_brute_force_estimator():
     torch.manual_seed(0)
     counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
     head = SampledSoftmaxHead(
-        6, 3, num_negatives=0, in_batch_negatives=True, target_counts=counts, bias=True
+        6,
+        3,
+        num_negatives=0,
+        in_batch_negatives=True,
+        target_counts=counts,
+        bias=True,
+        convention="exact_positive",
     )
     torch.nn.init.normal_(head.bias)
     z = torch.randn(7, 3)
@@ -88,7 +95,13 @@ def test_mixed_loss_equals_the_brute_force_balance_heuristic():
     probs = torch.softmax(torch.randn(6), 0)
     stream = torch.tensor([1, 3, 0, 5])
     head = SampledSoftmaxHead(
-        6, 3, Stream(probs, stream), 4, in_batch_negatives=True, target_counts=counts
+        6,
+        3,
+        Stream(probs, stream),
+        4,
+        in_batch_negatives=True,
+        target_counts=counts,
+        convention="exact_positive",
     )
     z = torch.randn(5, 3)
     y = torch.tensor([0, 2, 0, 4, 3])
@@ -191,7 +204,14 @@ def test_a_batch_target_whose_fixed_count_is_zero_gets_a_finite_correct_loss():
     it is in the batch, once the batch is counted: ``n_j / (S + T)`` here."""
     counts = torch.ones(50)
     counts[7] = 0
-    head = SampledSoftmaxHead(50, 8, num_negatives=0, in_batch_negatives=True, target_counts=counts)
+    head = SampledSoftmaxHead(
+        50,
+        8,
+        num_negatives=0,
+        in_batch_negatives=True,
+        target_counts=counts,
+        convention="exact_positive",
+    )
     z = torch.randn(4, 8, requires_grad=True)
     y = torch.tensor([7, 1, 2, 3])
     loss = head(z, y)

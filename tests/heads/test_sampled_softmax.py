@@ -90,7 +90,7 @@ def test_tensorflow_convention_stays_biased_for_likely_targets(proposal):
 
 
 def test_default_convention_is_consistent():
-    assert SampledSoftmaxHead(10, 2).convention == "exact_positive"
+    assert SampledSoftmaxHead(10, 2).convention == "corrected_all"
 
 
 def test_shared_and_per_query_negatives_agree_on_the_same_draws():

@@ -70,13 +70,17 @@ def test_given_negatives_and_the_exact_loss_match_the_functional_form(form):
     head = with_table(SampledSoftmaxHead(N, D, num_negatives=4, bias=True))
     ids = torch.randint(N, (2, 3, 5), generator=torch.Generator().manual_seed(2))
     log_q = torch.full(ids.shape, -math.log(N))
+    target_log_q = torch.full(target.shape, -math.log(N))  # the default corrects the positives
     w = torch.rand(2, 3) + 0.5
-    torch.testing.assert_close(
-        head(z, target, w, negatives=ids, negative_log_q=log_q, positives=form),
-        sampled_softmax_loss(
-            z, head.weight, target, ids, log_q, bias=head.bias, positives=form, sample_weight=w
-        ),
-    )
+    got = head(
+        z, target, w, negatives=ids, negative_log_q=log_q, target_log_q=target_log_q,
+        positives=form,
+    )  # fmt: skip
+    want = sampled_softmax_loss(
+        z, head.weight, target, ids, log_q, bias=head.bias, target_log_q=target_log_q,
+        positives=form, sample_weight=w,
+    )  # fmt: skip
+    torch.testing.assert_close(got, want)
     exact = full_softmax_loss(z, head.weight, target, bias=head.bias, positives=form)
     torch.testing.assert_close(head.full_loss(z, target, positives=form), exact)
     full = with_table(FullSoftmaxHead(N, D, bias=True, chunk_size=4))
@@ -86,13 +90,17 @@ def test_given_negatives_and_the_exact_loss_match_the_functional_form(form):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_the_sampled_loss_tends_to_the_exact_one_as_m_grows(form):
+    """Under ``"exact_positive"`` the loss itself estimates the exact loss (the other
+    conventions' positive, corrected by ``log(M q_y)``, shifts its value, not its gradient)."""
     z, target = positives_batch(3)
-    head = with_table(SampledSoftmaxHead(N, D, UniformSampler(N), 20_000))
+    head = with_table(
+        SampledSoftmaxHead(N, D, UniformSampler(N), 20_000, convention="exact_positive")
+    )
     torch.manual_seed(0)
     sampled = head(z, target, positives=form)
     exact = head.full_loss(z, target, positives=form)
     assert abs(sampled.item() - exact.item()) < 0.01 * exact.item(), (sampled, exact)
-    small = SampledSoftmaxHead(N, D, UniformSampler(N), 3)
+    small = SampledSoftmaxHead(N, D, UniformSampler(N), 3, convention="exact_positive")
     small.load_state_dict(head.state_dict())
     assert abs(small(z, target, positives=form).item() - exact.item()) > 0.01 * exact.item()
 

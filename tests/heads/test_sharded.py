@@ -53,14 +53,19 @@ FULL_CASES = {
     "bias_padding_smoothing": dict(bias=True, padding_idx=4, label_smoothing=0.1),
     "normalize_temperature": dict(normalize=True, temperature=0.5),
 }
+# every case names its convention: the reference (stratified_reference) implements it
 SAMPLED_CASES = {
-    "uniform_padding": dict(sampler="uniform", padding_idx=4),
+    "uniform_padding": dict(sampler="uniform", padding_idx=4, convention="exact_positive"),
     "log_uniform_corrected_all": dict(sampler="log_uniform", convention="corrected_all"),
     "log_uniform_shared_bias_padding": dict(
-        sampler="log_uniform", shared_negatives=True, bias=True, padding_idx=4
+        sampler="log_uniform",
+        shared_negatives=True,
+        bias=True,
+        padding_idx=4,
+        convention="exact_positive",
     ),
     "uniform_tensorflow_sparse": dict(sampler="uniform", convention="tensorflow", sparse=True),
-    "midx": dict(sampler="midx"),
+    "midx": dict(sampler="midx", convention="exact_positive"),
 }
 M = 7
 
@@ -188,8 +193,14 @@ def reloaded(head, options: dict) -> dict:
 
 def run_mixed_consistency(rank: int) -> torch.Tensor:
     """A mixed head's loss (drawn and in-batch negatives) with many draws, beside the exact
-    loss it estimates."""
-    options = {"num_negatives": M, "target_counts": counts_with_a_zero(), "padding_idx": 4}
+    loss it estimates (under ``"exact_positive"``: the other conventions' corrected positive
+    shifts the loss's value)."""
+    options = {
+        "num_negatives": M,
+        "target_counts": counts_with_a_zero(),
+        "padding_idx": 4,
+        "convention": "exact_positive",
+    }
     head = make_head("in_batch", options, sharded=True)
     head.num_local_negatives = 20000
     z, y = rank_batch(rank)
@@ -213,8 +224,10 @@ def run_tied(rank: int) -> dict:
 
 
 def run_consistency(rank: int) -> torch.Tensor:
-    """A sampled head's loss with many draws, beside the exact loss it estimates."""
-    head = make_head("sampled", {"sampler": "log_uniform", "padding_idx": 4}, sharded=True)
+    """A sampled head's loss with many draws, beside the exact loss it estimates (under
+    ``"exact_positive"``: the other conventions' corrected positive shifts the loss's value)."""
+    options = {"sampler": "log_uniform", "padding_idx": 4, "convention": "exact_positive"}
+    head = make_head("sampled", options, sharded=True)
     head.num_local_negatives = 20000
     z, y = rank_batch(rank)
     with torch.no_grad():
@@ -365,7 +378,7 @@ def stratified_reference(head, options, draws):
         logits = q @ head.weight.T + (0 if head.bias is None else head.bias)
         pos = logits.gather(1, target[:, None])[:, 0]
         columns = [pos[:, None]]
-        convention = options.get("convention", "exact_positive")
+        convention = options["convention"]
         for r in range(WORLD):
             ids, log_q, m = draws[r]
             ids, log_q = ids.expand(len(target), -1), log_q.expand(len(target), -1)

@@ -120,8 +120,8 @@ def test_sampled_heads_score_candidates_like_the_reference(temperature, normaliz
 @pytest.mark.parametrize("temperature, normalize", SETTINGS)
 def test_sampled_loss_with_every_class_drawn_is_the_full_loss(temperature, normalize):
     """Shared negatives that are every class once (``M = N``, uniform ``q``: no correction), the
-    target's own draw masked: the sampled loss is then exactly the full cross-entropy of the
-    head's logits."""
+    target's own draw masked (``"exact_positive"``): the sampled loss is then exactly the full
+    cross-entropy of the head's logits."""
 
     class EveryClass(UniformSampler):
         def _sample(self, z, num_samples, shared, generator):
@@ -135,6 +135,7 @@ def test_sampled_loss_with_every_class_drawn_is_the_full_loss(temperature, norma
         EveryClass(N),
         num_negatives=N,
         shared_negatives=True,
+        convention="exact_positive",
         bias=True,
         temperature=temperature,
         normalize=normalize,
@@ -214,6 +215,8 @@ def test_midx_indexes_and_scores_what_the_head_scores(temperature, normalize):
 
 
 def test_sampled_heads_give_their_sampler_the_scored_queries():
+    """Whether the head draws alone or also scores its positives (``sample_and_score``, the
+    conventions that correct the positive)."""
     seen = []
 
     class Recording(UniformSampler):
@@ -221,11 +224,16 @@ def test_sampled_heads_give_their_sampler_the_scored_queries():
             seen.append(z.clone())
             return super()._sample(z, num_samples, shared, generator)
 
+        def _sample_and_score(self, z, num_samples, ids, shared, generator):
+            seen.append(z.clone())
+            return super()._sample_and_score(z, num_samples, ids, shared, generator)
+
     torch.manual_seed(7)
     z = 3.0 * torch.randn(4, D)
     y = torch.randint(N, (4,))
     for cls, kwargs in [
         (SampledSoftmaxHead, dict(num_negatives=3)),
+        (SampledSoftmaxHead, dict(num_negatives=3, convention="exact_positive")),
         (OneVsEachHead, dict(num_negatives=3)),
     ]:
         seen.clear()

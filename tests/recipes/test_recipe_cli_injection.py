@@ -45,7 +45,7 @@ def test_print_config_names_the_head_and_sampler_classes_with_their_init_args(ca
     assert head["class_path"] == "lightning_sampled.heads.SampledSoftmaxHead"
     assert import_object(head["class_path"]) is SampledSoftmaxHead
     assert head["init_args"]["num_negatives"] == 100  # from the head config
-    assert head["init_args"]["convention"] == "exact_positive"  # the class's own default
+    assert head["init_args"]["convention"] == "corrected_all"  # the class's own default
     assert sampler["class_path"] == "lightning_sampled.samplers.MIDXSampler"
     assert import_object(sampler["class_path"]) is MIDXSampler
     assert sampler["init_args"]["codebook_size"] == 32 and sampler["init_args"]["quantizer"] == "rq"
