@@ -2,23 +2,27 @@
 
 A cell is a task and a proposal: ``ptb`` (the LSTM of ``recipes/configs/lstm_ptb.yaml`` in the
 MIDX paper's Table 4 setting: 20 negatives per query, MIDX K = 32, 3 epochs), ``sasrec`` and
-``gru4rec`` (``recipes/configs/<model>_ml-1m.yaml``: 100 negatives per query, 10 epochs) crossed
+``gru4rec`` (``recipes/configs/<model>_ml-1m.yaml``: 100 negatives per query, 10 epochs) and
+``gcide`` (``recipes/configs/lstm_gcide.yaml``, 108,620 words: 20 negatives, as the recipe's
+large-catalog heads, one epoch over the first :data:`GCIDE_STEPS` training windows) crossed
 with the proposals ``uniform``, ``unigram`` and ``midx_rq`` (``recipes/configs/heads/<name>.yaml``)
 drawn per query, and ``uniform`` and ``unigram`` shared by the batch (``shared_negatives=True``;
 MIDX's proposal depends on the query, so it has no shared form). Every sampled cell trains under
 each of ``--conventions`` (``SampledSoftmaxHead(convention=...)``); each task also trains the full
-softmax and CANE (``cane.yaml``; on PTB 4 beam candidates and 16 noises, as Table 4's row), for
-reference. Each run validates exactly after every epoch (perplexity over all 10,000 words;
-NDCG@10 over all 3,706 items, the user's history excluded) and tests the best epoch's
+softmax and CANE (``cane.yaml``; on the language models 4 beam candidates and 16 noises, as
+Table 4's row), for reference. Each run validates exactly after every epoch (GCIDE: every 500
+steps, on the recipe's first 10,000 validation tokens; perplexity over the whole vocabulary,
+NDCG@10 over all 3,706 items with the user's history excluded) and tests the best validation's
 checkpoint, as ``recipes.compare`` does.
 
 The recipes' models, heads, samplers, callbacks (``IndexRefresh``) and optimizer are used as they
 are; the Trainer is a bare one (no logger, progress bar or early stopping) in fp32. Two
 departures from the recipes' data modules, which need Hugging Face ``datasets`` (absent on the
 GPU machine): the data are prepared on the CPU (``--prepare DIR``: ``ptb.pt`` and ``ml-1m.pt``,
-int16 tensors) and batched here, the MovieLens training windows in a new seeded order every
-epoch with the last incomplete batch dropped (the recipes keep it), and the excluded histories
-right-padded with ``-1`` (the recipes left-pad them; the set excluded is the same).
+int16 tensors, and ``gcide.pt``, int32) and batched here, the MovieLens training windows in a
+new seeded order every epoch with the last incomplete batch dropped (the recipes keep it), and
+the excluded histories right-padded with ``-1`` (the recipes left-pad them; the set excluded is
+the same).
 
 Runs go to ``--workers`` processes at once (one GPU serves them all: these models are small and
 a step is bound by its launches), ordered seed by seed, so that a ``--deadline-s`` (no run
@@ -84,7 +88,17 @@ TASKS = {
         "negatives": 100,
         "metric": "ndcg@10",
     },
+    # one epoch over the first GCIDE_STEPS training windows, validated every 500 steps
+    "gcide": {
+        "config": "lstm_gcide.yaml",
+        "epochs": 1,
+        "negatives": 20,
+        "metric": "ppl",
+        "val_every": 500,
+    },
 }
+#: GCIDE's training prefix, in steps of the recipe's 32 x 35 tokens
+GCIDE_STEPS = 2000
 #: (proposal, shared): the sampled cells of every task
 CELLS = (
     ("uniform", False),
@@ -108,7 +122,7 @@ def cell_name(method: str, shared: bool | None) -> str:
 CELL_ORDER = (*REFERENCES, *(cell_name(p, shared) for p, shared in CELLS))
 #: the provenance written on every row
 STAMP = ("machine", "torch", "driver", "commit")
-#: PTB's CANE as Table 4's row: 4 beam candidates and 16 uniform noises
+#: the language models' CANE as PTB's Table 4 row: 4 beam candidates and 16 uniform noises
 PTB_CANE = {"num_candidates": 4, "num_noise": 16}
 #: a cell's convention is *within* when no more than this much worse than the best ...
 RELATIVE_TOLERANCE = 0.03
@@ -117,8 +131,11 @@ RELATIVE_TOLERANCE = 0.03
 # ----------------------------------------------------------------------------------------- data
 def prepare(out: Path) -> dict[str, Any]:
     """Writes ``ptb.pt`` (the three token streams and the training counts) and ``ml-1m.pt``
-    (training windows, validation and test histories and targets, counts) as int16 tensors,
-    from the recipes' data modules (``datasets`` needed)."""
+    (training windows, validation and test histories and targets, counts) as int16 tensors, and
+    ``gcide.pt`` (int32: the first :data:`GCIDE_STEPS` training windows' tokens, the recipe's
+    ``max_eval_tokens`` of validation and test, the whole training split's counts), from the
+    recipes' data modules (``datasets`` needed; GCIDE fetched on first use)."""
+    from recipes.data.gcide import GCIDE
     from recipes.data.movielens import MovieLens, training_windows
     from recipes.data.ptb import PennTreebank
 
@@ -143,7 +160,21 @@ def prepare(out: Path) -> dict[str, Any]:
         movielens[f"{split}_lengths"] = torch.tensor([h.numel() for h in histories])
         movielens[f"{split}_target"] = torch.tensor(rows["target"])
     torch.save(movielens, out / "ml-1m.pt")
-    return {p.name: p.stat().st_size for p in (out / "ptb.pt", out / "ml-1m.pt")}
+    gcide_args = recipe("lstm_gcide.yaml")["data"]["init_args"]
+    gcide = GCIDE(min_count=gcide_args["min_count"])
+    train = gcide.stream("train")
+    prefix = gcide_args["batch_size"] * (GCIDE_STEPS * gcide_args["bptt"] + 1)
+    eval_tokens = gcide_args["max_eval_tokens"]
+    torch.save(
+        {
+            "num_classes": gcide.num_classes,
+            "counts": torch.bincount(train, minlength=gcide.num_classes),
+            "train": train[:prefix].int(),
+            **{s: gcide.stream(s)[:eval_tokens].int() for s in ("validation", "test")},
+        },
+        out / "gcide.pt",
+    )
+    return {name: (out / name).stat().st_size for name in ("ptb.pt", "ml-1m.pt", "gcide.pt")}
 
 
 def history_batches(
@@ -195,12 +226,13 @@ def load_task(data_dir: str, task: str, device_name: str, tiny: bool) -> TaskDat
     """A task's prepared data on ``device_name`` (cached per worker process)."""
     device = torch.device(device_name)
     config = recipe(TASKS[task]["config"])["data"]["init_args"]
-    if task == "ptb":
-        data = torch.load(Path(data_dir) / "ptb.pt", weights_only=True)
+    if task in ("ptb", "gcide"):
+        data = torch.load(Path(data_dir) / f"{task}.pt", weights_only=True)
         stream = {k: data[k].long().to(device) for k in ("train", "validation", "test")}
         train = windows(stream["train"], config["batch_size"], config["bptt"], full_only=False)
+        rows = config.get("eval_batch_size", 10)  # the data modules' default
         evaluation = {
-            split: windows(stream[split], 10, config["bptt"], full_only=False)  # eval_batch_size
+            split: windows(stream[split], rows, config["bptt"], full_only=False)
             for split in ("validation", "test")
         }
 
@@ -252,8 +284,8 @@ class Run:
 
 
 def runs(tasks: list[str], conventions: list[str], seeds: list[int]) -> list[Run]:
-    """Every run, seed by seed, the longest task first within a seed."""
-    order = sorted(tasks, key=lambda t: t != "ptb")
+    """Every run, seed by seed, the language models (the longest runs) first within a seed."""
+    order = sorted(tasks, key=lambda t: t not in ("ptb", "gcide"))
     plan = []
     for seed in seeds:
         for task in order:
@@ -276,7 +308,7 @@ def method_of(run: Run) -> Method:
             shared_negatives=run.shared,
             convention=run.convention,
         )
-    elif run.method == "cane" and run.task == "ptb":
+    elif run.method == "cane" and run.task in ("ptb", "gcide"):
         options.update(PTB_CANE)
     head = partial(m.head.func, *m.head.args, **{**m.head.keywords, **options})
     # SamplerDiagnostics reads the data module's validation batches, which a bare Trainer lacks
@@ -317,6 +349,7 @@ def train(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, An
             devices=1,
             max_epochs=1 if tiny else spec["epochs"],
             limit_train_batches=4 if tiny else None,
+            val_check_interval=None if tiny else spec.get("val_every"),
             gradient_clip_val=config["trainer"].get("gradient_clip_val"),
             callbacks=[best, values, *m.make_callbacks()],
             logger=False,
@@ -398,6 +431,13 @@ def summarize(rows: list[dict]) -> Iterator[dict[str, Any]]:
                 }
 
 
+def length(task: str) -> str:
+    """How long a task trains, in words."""
+    if task == "gcide":
+        return f"{GCIDE_STEPS:,} steps, validated every {TASKS[task]['val_every']}"
+    return f"{TASKS[task]['epochs']} epochs"
+
+
 def header(rows: list[dict], tiny: bool) -> list[str]:
     """The report's title and provenance, from the rows' stamps (:data:`STAMP`)."""
     ok = [r for r in rows if r["status"] == "ok"]
@@ -411,7 +451,7 @@ def header(rows: list[dict], tiny: bool) -> list[str]:
     lines += [
         "- tasks: "
         + "; ".join(
-            f"`{t}` (`recipes/configs/{TASKS[t]['config']}`, {TASKS[t]['epochs']} epochs, "
+            f"`{t}` (`recipes/configs/{TASKS[t]['config']}`, {length(t)}, "
             f"{TASKS[t]['negatives']} negatives per query or per batch, seeds "
             + ", ".join(sorted({str(r["seed"]) for r in ok if r["task"] == t}))
             + ")"
