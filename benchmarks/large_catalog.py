@@ -32,8 +32,10 @@ encoder and table for every method of a seed. Quality: exact NDCG@10 over all ``
 initialisation and the draws of negatives (and MIDX's k-means).
 
 Methods (``--methods``): ``full`` (``FullSoftmaxHead()``, default backend), ``uniform``
-(``SampledSoftmaxHead`` with ``UniformSampler``) and ``midx_rq`` (``MIDXSampler(codebook_size=K,
-quantizer="rq")``), the sampled ones with ``--negatives`` (100) per query under each of
+(``SampledSoftmaxHead`` with ``UniformSampler``), ``midx_rq`` (``MIDXSampler(codebook_size=K,
+quantizer="rq")``) and ``mixed`` (mixed negative sampling: ``UniformSampler`` plus the batch's
+other targets, ``in_batch_negatives=True``, whose streaming frequency is the Zipfian prior
+these targets follow), the sampled ones with ``--negatives`` (100) per query under each of
 ``--conventions``. MIDX's index is rebuilt from the head's table by ``head.refresh_index()``
 before the first step and then at steps 50, 100, 200 (``IndexRefresh``'s default doubling
 schedule within one epoch) or, with ``--refresh-every R``, every ``R`` steps; rebuilds count as
@@ -72,7 +74,7 @@ from lightning_sampled.samplers import MIDXSampler, Sampler, UniformSampler
 
 from .common import load_average, load_header, provenance
 
-METHODS = ("full", "uniform", "midx_rq")
+METHODS = ("full", "uniform", "midx_rq", "mixed")
 #: the conventions compared by default: those of the issue that this library version offers
 #: (``"adaptive"`` is under evaluation and may be absent)
 DEFAULT_CONVENTIONS = tuple(
@@ -191,7 +193,7 @@ def make_encoder(dim: int) -> nn.Sequential:
 def make_sampler(run: Run, num_classes: int, seed: int) -> Sampler:
     """The proposal of a sampled run; its draw stream (and MIDX's k-means) seeded by ``seed``."""
     torch.manual_seed(seed)
-    if run.method == "uniform":
+    if run.method in ("uniform", "mixed"):
         return UniformSampler(num_classes)
     if run.method == "midx_rq":
         return MIDXSampler(num_classes, codebook_size=run.codebook_size, quantizer="rq", seed=seed)
@@ -205,7 +207,12 @@ def make_head(run: Run, num_classes: int, dim: int, table: Tensor, seed: int) ->
     else:
         sampler = make_sampler(run, num_classes, seed)
         head = SampledSoftmaxHead(
-            num_classes, dim, sampler, run.negatives, convention=run.convention
+            num_classes,
+            dim,
+            sampler,
+            run.negatives,
+            convention=run.convention,
+            in_batch_negatives=run.method == "mixed",
         )
     with torch.no_grad():
         head.weight.copy_(table)

@@ -103,7 +103,7 @@ def test_main_at_tiny_sizes(tmp_path):
     argv += ["--steps", "50", "--batch", "64", "--eval", "500", "--lr", "1e-2"]
     argv += ["--conventions", "exact_positive", "corrected_all", "--codebook-size", "8"]
     result = lc.main(argv)
-    assert len(result) == 2 * (1 + 2 * 2)
+    assert len(result) == 2 * (1 + 3 * 2)  # full, then uniform, midx_rq and mixed x 2 conventions
     with (tmp_path / "large_catalog.csv").open() as f:
         written = list(csv.DictReader(f))
     assert len(written) == len(result) and {"machine", "torch", "commit"} <= written[0].keys()
@@ -118,6 +118,8 @@ def test_main_at_tiny_sizes(tmp_path):
     data = lc.make_data(problem, 0, 50, 64, 500)
     encoder = lc.make_encoder(problem.dim)
     encoder.load_state_dict(data.encoder_state)
+    mixed = lc.make_head(lc.Run("mixed", "corrected_all", 10, 8, None), 2000, 64, data.table, 0)
+    assert mixed.in_batch_negatives and isinstance(mixed.sampler, lc.UniformSampler)
     head = lc.make_head(lc.Run("full", "", 100, 8, None), 2000, problem.dim, data.table, 0)
     untrained = lc.ndcg_at_10(encoder, head, data.eval_x, data.eval_y)
     full0 = next(r for r in result if r["seed"] == 0 and r["method"] == "full")
