@@ -123,7 +123,9 @@ CELL_ORDER = (*REFERENCES, *(cell_name(p, shared) for p, shared in CELLS))
 #: the provenance written on every row
 STAMP = ("machine", "torch", "driver", "commit")
 #: the language models' CANE as PTB's Table 4 row: 4 beam candidates and 16 uniform noises
-PTB_CANE = {"num_candidates": 4, "num_noise": 16}
+LM_CANE = {"num_candidates": 4, "num_noise": 16}
+#: the tasks whose model is a language model (token streams, perplexity: lower is better)
+LANGUAGE_MODELS = ("ptb", "gcide")
 #: a cell's convention is *within* when no more than this much worse than the best ...
 RELATIVE_TOLERANCE = 0.03
 
@@ -226,7 +228,7 @@ def load_task(data_dir: str, task: str, device_name: str, tiny: bool) -> TaskDat
     """A task's prepared data on ``device_name`` (cached per worker process)."""
     device = torch.device(device_name)
     config = recipe(TASKS[task]["config"])["data"]["init_args"]
-    if task in ("ptb", "gcide"):
+    if task in LANGUAGE_MODELS:
         data = torch.load(Path(data_dir) / f"{task}.pt", weights_only=True)
         stream = {k: data[k].long().to(device) for k in ("train", "validation", "test")}
         train = windows(stream["train"], config["batch_size"], config["bptt"], full_only=False)
@@ -285,7 +287,7 @@ class Run:
 
 def runs(tasks: list[str], conventions: list[str], seeds: list[int]) -> list[Run]:
     """Every run, seed by seed, the language models (the longest runs) first within a seed."""
-    order = sorted(tasks, key=lambda t: t not in ("ptb", "gcide"))
+    order = sorted(tasks, key=lambda t: t not in LANGUAGE_MODELS)
     plan = []
     for seed in seeds:
         for task in order:
@@ -308,8 +310,8 @@ def method_of(run: Run) -> Method:
             shared_negatives=run.shared,
             convention=run.convention,
         )
-    elif run.method == "cane" and run.task in ("ptb", "gcide"):
-        options.update(PTB_CANE)
+    elif run.method == "cane" and run.task in LANGUAGE_MODELS:
+        options.update(LM_CANE)
     head = partial(m.head.func, *m.head.args, **{**m.head.keywords, **options})
     # SamplerDiagnostics reads the data module's validation batches, which a bare Trainer lacks
     callbacks = tuple(c for c in m.callbacks if c[0] is not SamplerDiagnostics)
@@ -340,7 +342,7 @@ def train(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, An
         data.num_classes, head=m.head, sampler=m.sampler, class_counts=data.counts, **model_args
     )
     monitor = f"val/{spec['metric']}"
-    mode = "min" if spec["metric"] == "ppl" else "max"
+    mode = "min" if run.task in LANGUAGE_MODELS else "max"
     values = EpochValues(monitor)
     with tempfile.TemporaryDirectory() as root:
         best = ModelCheckpoint(dirpath=root, monitor=monitor, mode=mode, save_top_k=1)
@@ -368,10 +370,10 @@ def train(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, An
             verbose=False,
             weights_only=False,
         )[0]
-        best_epoch = values.values.index((min if mode == "min" else max)(values.values)) + 1
+        best_val = (min if mode == "min" else max)(values.values)
     return {
-        "val": (min if mode == "min" else max)(values.values),
-        "best_epoch": best_epoch,
+        "val": best_val,
+        "best_epoch": values.values.index(best_val) + 1,
         "test": float(tested[f"test/{spec['metric']}"]),
         "steps": trainer.global_step,
         "fit_s": round(fit_s, 1),
@@ -403,7 +405,7 @@ def summarize(rows: list[dict]) -> Iterator[dict[str, Any]]:
     and standard deviation, the ratio to the cell's best mean and whether it is *within*."""
     ok = [r for r in rows if r["status"] == "ok"]
     for task in dict.fromkeys(r["task"] for r in ok):
-        lower = TASKS[task]["metric"] == "ppl"
+        lower = task in LANGUAGE_MODELS
         present = {r["cell"] for r in ok if r["task"] == task}
         for cell in [c for c in CELL_ORDER if c in present]:
             groups: dict[str, list[float]] = {}
@@ -550,7 +552,7 @@ def plot(summary: list[dict], path: Path) -> None:
         )
         metric = TASKS[task]["metric"]
         ax.set_ylabel(f"test {metric} / full softmax's" if full else f"test {metric}")
-        if metric == "ppl":
+        if task in LANGUAGE_MODELS:
             ax.set_yscale("log")
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_title(task)
