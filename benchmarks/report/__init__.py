@@ -39,6 +39,7 @@ from .ptb import section_ptb
 from .readme import sync_readme
 from .sampling import section_sampling
 from .speed import section_speed
+from .time_to_quality import section_time_to_quality
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,6 +90,7 @@ def build_report(inputs: Inputs) -> str:
         section_adaptive_softmax(inputs),
         section_gpu(inputs),
         section_estimator(inputs),
+        section_time_to_quality(inputs),
         other_measurements(inputs),
     ]
     text = "\n".join(line for section in sections for line in [*section, ""])
