@@ -115,6 +115,7 @@ class SampledModule(SparseGradientClipping, L.LightningModule):
             weight=weight,
             padding_idx=self.padding_idx,
             sampler=sampler,
+            class_counts=self.class_counts,
             **options,
         )
 

@@ -28,7 +28,8 @@ from lightning_sampled.samplers import MixtureSampler, Sampler
 
 class HeadFactory(Protocol):
     """A head class (or partial) called as ``factory(num_classes, dim, weight=, padding_idx=[,
-    sampler=])``; a config gives every other argument."""
+    sampler=][, class_counts=])`` (the last two where the class takes them); a config gives every
+    other argument."""
 
     def __call__(
         self,
@@ -39,6 +40,7 @@ class HeadFactory(Protocol):
         weight: nn.Parameter | None,
         padding_idx: int | None,
         sampler: Sampler | None,
+        class_counts: Tensor | None,
     ) -> OutputHead: ...
 
 
@@ -116,11 +118,14 @@ def build_head(
     weight: nn.Parameter | None = None,
     padding_idx: int | None = None,
     sampler: Sampler | None = None,
+    class_counts: Tensor | None = None,
     **options: Any,
 ) -> OutputHead:
     """A head from its factory with ``num_classes``, ``dim``, the tied ``weight``,
     ``padding_idx`` and any other keyword ``options`` injected; ``sampler`` goes to the head's
-    ``sampler`` (every :class:`~lightning_sampled.heads.ProposalHead` takes one).
+    ``sampler`` (every :class:`~lightning_sampled.heads.ProposalHead` takes one), the data
+    module's ``[N]`` training ``class_counts`` to a head class that takes them (CANE's frequency
+    tree).
 
     Raises:
         ValueError: a sampler given to a head that takes none.
@@ -131,6 +136,8 @@ def build_head(
         if not issubclass(cls, ProposalHead):
             raise ValueError(f"{cls.__name__} takes no sampler; remove the sampler from the config")
         kwargs["sampler"] = sampler
+    if "class_counts" in inspect.signature(factory_class(factory)).parameters:
+        kwargs["class_counts"] = class_counts
     return factory(num_classes, dim, **kwargs)
 
 

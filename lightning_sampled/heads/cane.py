@@ -14,6 +14,24 @@ Both are consistent estimators of the softmax (the paper's Theorems 1 and 2) for
 is the true distribution of the draws, and their variance approaches the full softmax's as the
 candidates cover the targets (Corollary 1): :attr:`CaneHead.last_coverage` reports that coverage.
 
+Two trees (``tree``):
+
+- ``"kmeans"``: Algorithm 4, hierarchical k-means over the class vectors (or, with
+  ``num_clusters``, flat clusters kept whole under a hierarchy), rebuilt by ``refresh_index``;
+  the candidates are the ``N_c`` leaves a beam search finds.
+- ``"frequency"``: Section 5's tree for language models, whose word vectors are not known before
+  training: one layer of subsets under the root, the classes sorted by decreasing training count
+  and cut into ``num_subsets`` consecutive subsets of about equal total count ("split by
+  averaging over the word frequencies": a few frequent words, then ever longer tails;
+  :func:`~lightning_sampled.index.tree.frequency_subsets`), fixed for the whole run. Each query
+  is routed to the subset whose mean class vector scores highest, and its ``N_c`` candidates
+  are drawn uniformly, without replacement, from that subset ("we uniformly sample the
+  candidates when reaching any subset"); every subset holds more than ``N_c`` classes. The
+  candidate set depends on ``x`` and on the draw, never on ``y``, so Eqs. (2)-(3) stay
+  consistent. The beam search of :meth:`CaneHead.beam_topk` runs on a ``branching``-ary tree
+  over the same frequency order, which groups classes by count, not by vector: its recall at
+  small beams is low, so serve with ``topk`` or faiss.
+
 Two parameterisations of the class scores ``s_k = z . v_k + b_k``:
 
 - ``"flat"``: ``v_k`` is a row of the head's ``weight`` (tieable, e.g. to SASRec's item
@@ -36,11 +54,12 @@ from torch import Tensor, nn
 
 from .._deprecation import renamed_attribute, take_renamed
 from .._validation import check_int, check_positive_int
-from ..index.tree import ClassTree, beam_search
+from ..index.tree import ClassTree, beam_search, frequency_subsets
 from ..samplers import Sampler, UniformSampler
 from .proposal import ProposalHead
 
 PARAMETERIZATIONS = ("flat", "path")
+TREES = ("kmeans", "frequency")
 
 #: rounds of rejection before a noise slot falls back to a uniform draw over the complement
 REJECTION_ROUNDS = 4
@@ -151,12 +170,14 @@ def parent_index(num_nodes: int, branching: int, device: torch.device) -> Tensor
 class CaneHead(ProposalHead):
     """Candidates vs. noises: beam-search candidates against noises drawn outside them.
 
-    See the module docstring for the loss and the two parameterisations. The tree is built at
-    construction from the initial class vectors by hierarchical k-means (seeded), and rebuilt from
-    the current ones by :meth:`refresh_index` (:class:`~lightning_sampled.callbacks.IndexRefresh`
-    calls it each epoch). The tree and the node vectors are persistent buffers, so a checkpoint
-    restores them. :meth:`beam_topk` predicts by beam search, ``O(J b log_b N)`` per query
-    (``J`` the beam width, ``b`` the branching), beside the exact :meth:`topk`.
+    See the module docstring for the loss, the two trees and the two parameterisations. The
+    k-means tree is built at construction from the initial class vectors by hierarchical k-means
+    (seeded), and rebuilt from the current ones by :meth:`refresh_index`
+    (:class:`~lightning_sampled.callbacks.IndexRefresh` calls it each epoch); the frequency
+    order and subsets are built from ``class_counts`` and kept, and a refresh recomputes the
+    node and subset vectors. The tree, the subsets and their vectors are persistent buffers, so a
+    checkpoint restores them. :meth:`beam_topk` predicts by beam search, ``O(J b log_b N)`` per
+    query (``J`` the beam width, ``b`` the branching), beside the exact :meth:`topk`.
 
     Noises come from ``sampler`` restricted to the complement of the candidates,
     ``q_x(j) = q(j) / (1 - q(C_x))``. For a :class:`UniformSampler` they are drawn directly over
@@ -182,7 +203,15 @@ class CaneHead(ProposalHead):
         num_clusters: ``C``: build the tree around ``C`` flat k-means clusters, each kept whole
             in one subtree (:meth:`~lightning_sampled.index.tree.ClassTree.from_vectors`; better
             beam recall on clustered tables, at ``O(N C D)`` per refresh); ``None``: the
-            paper's Algorithm 4 from the root.
+            paper's Algorithm 4 from the root. ``"kmeans"`` tree only.
+        tree: ``"kmeans"`` or ``"frequency"`` (module docstring). With the frequency tree,
+            ``beam`` serves :meth:`beam_topk` only and ``seed`` is unused.
+        class_counts: ``[N]`` non-negative training counts of the classes, which order the
+            frequency tree (required by it; ignored by the k-means tree, so a recipe may always
+            pass its data's counts).
+        num_subsets: the frequency tree's subsets (Section 5 uses 6), of about equal total
+            count and at least ``num_candidates + 1`` classes each (the padding class is in
+            none).
         **options: ``sparse_grad`` of :class:`ProposalHead` (``weight``'s gradient; the
             ``path`` edges stay dense); ``weight`` (``"flat"`` only), ``bias``, ``padding_idx``,
             ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize`` (``False`` only)
@@ -216,6 +245,9 @@ class CaneHead(ProposalHead):
         *,
         seed: int = 0,
         num_clusters: int | None = None,
+        tree: str = "kmeans",
+        class_counts: Tensor | None = None,
+        num_subsets: int = 6,
         **options: Any,
     ) -> None:
         sampler = take_renamed(options, "noise_sampler", "sampler", sampler, owner="CaneHead")
@@ -228,6 +260,15 @@ class CaneHead(ProposalHead):
             raise ValueError(
                 f"parameterization must be one of {PARAMETERIZATIONS}, got {parameterization!r}"
             )
+        if tree not in TREES:
+            raise ValueError(f"tree must be one of {TREES}, got {tree!r}")
+        if tree == "frequency" and num_clusters is not None:
+            raise ValueError(
+                f"num_clusters={num_clusters} builds a k-means tree; tree='frequency' orders the "
+                f"classes by class_counts instead: drop one of them"
+            )
+        if tree == "frequency" and class_counts is None:
+            raise ValueError("tree='frequency' needs class_counts, the [N] training counts")
         if parameterization == "path" and options.get("weight") is not None:
             raise ValueError(
                 "weight cannot be tied with parameterization='path': its weight holds the leaf "
@@ -254,10 +295,15 @@ class CaneHead(ProposalHead):
             None if num_clusters is None else check_int("num_clusters", num_clusters)
         )
         self.last_coverage: Tensor | None = None
+        self.tree_kind = tree
 
-        tree = ClassTree.balanced(
-            torch.arange(num_classes, device=self.weight.device), self.branching
-        )
+        order = torch.arange(num_classes, device=self.weight.device)
+        if tree == "frequency":
+            order, starts = self._frequency_subsets(class_counts, num_subsets)
+            self.register_buffer("subset_starts", starts, persistent=True)
+            subset_vectors = self.weight.new_zeros(starts.numel() - 1, dim)
+            self.register_buffer("subset_vectors", subset_vectors, persistent=True)
+        tree = ClassTree.balanced(order, self.branching)
         branchings, leaf_order = tree.to_tensors()
         self.register_buffer("tree_branchings", branchings.to(leaf_order.device), persistent=True)
         self.register_buffer("tree_leaf_order", leaf_order.clone(), persistent=True)
@@ -277,6 +323,27 @@ class CaneHead(ProposalHead):
     def num_drawable(self) -> int:
         """``N'``: the classes other than ``padding_idx``."""
         return self.num_classes - (self.padding_idx is not None)
+
+    def _frequency_subsets(self, class_counts: Tensor, num_subsets: int) -> tuple[Tensor, Tensor]:
+        """The frequency order and subset starts (:func:`frequency_subsets`) of
+        ``class_counts``, on the table's device, each subset holding more than
+        ``num_candidates`` classes so that noises remain outside the candidates."""
+        counts = torch.as_tensor(class_counts, device=self.weight.device)
+        if counts.shape != (self.num_classes,):
+            raise ValueError(
+                f"class_counts must hold the N={self.num_classes} class counts, got shape "
+                f"{tuple(counts.shape)}"
+            )
+        num_subsets = check_positive_int("num_subsets", num_subsets)
+        if num_subsets * (self.num_candidates + 1) > self.num_drawable:
+            raise ValueError(
+                f"num_subsets={num_subsets} subsets of more than num_candidates="
+                f"{self.num_candidates} classes each need more than the {self.num_drawable} "
+                f"classes other than padding_idx: use fewer candidates or fewer subsets"
+            )
+        return frequency_subsets(
+            counts, num_subsets, self.num_candidates + 1, last=self.padding_idx
+        )
 
     @property
     def tree(self) -> ClassTree:
@@ -348,7 +415,8 @@ class CaneHead(ProposalHead):
     @torch.no_grad()
     def refresh_index(self) -> None:
         """Rebuilds the tree by hierarchical k-means on the current class vectors
-        (:meth:`class_table`), recomputes the node vectors and rebuilds the noise sampler.
+        (:meth:`class_table`), recomputes the node vectors and rebuilds the noise sampler. The
+        frequency order is kept; its node vectors and subset means are recomputed.
 
         ``"flat"``: every internal node's vector becomes the mean of its descendants' class
         vectors (the padding class left out). ``"path"``: the class vectors are re-decomposed on
@@ -361,9 +429,13 @@ class CaneHead(ProposalHead):
         ``"flat"``, or broadcast the head's parameters after each refresh.
         """
         table = self.class_table().detach()
-        tree = ClassTree.from_vectors(
-            table, self.branching, seed=self.seed, num_clusters=self.num_clusters
-        )
+        if self.tree_kind == "frequency":
+            tree = ClassTree.balanced(self.tree_leaf_order.clone(), self.branching)
+            self.subset_vectors.copy_(subset_means(table, tree.leaf_order, self.subset_starts))
+        else:
+            tree = ClassTree.from_vectors(
+                table, self.branching, seed=self.seed, num_clusters=self.num_clusters
+            )
         self.tree_leaf_order.copy_(tree.leaf_order)
         self.tree_leaf_position.copy_(tree.leaf_position)
         weights = torch.ones(self.num_classes, device=table.device)
@@ -421,8 +493,24 @@ class CaneHead(ProposalHead):
         ``-inf`` and may be the only leaf under a node, so a beam of 1 could end there; with 2 or
         more, at least ``beam + 1`` leaves reach the last step and the padding is never kept.
         """
+        if self.tree_kind == "frequency":
+            return self.subset_candidates(z)
         width = max(self.beam, 2) if self.padding_idx is not None else self.beam
         return self.search(z, self.num_candidates, width)[1]
+
+    @torch.no_grad()
+    def subset_candidates(self, z: Tensor) -> Tensor:
+        """The frequency tree's candidates (Section 5): each query of ``z`` ``[T, D]`` is routed
+        to the subset whose mean class vector scores highest, and ``num_candidates`` of that
+        subset's classes are drawn uniformly without replacement, from the sampler's draw
+        stream. Long ``[T, num_candidates]``."""
+        scores = z.detach().float() @ self.subset_vectors.float().T
+        subset = scores.argmax(dim=1)
+        start = self.subset_starts[subset]
+        sizes = self.subset_starts[subset + 1] - start
+        generator = self.sampler.draw_generator(z.device)
+        offsets = distinct_uniform(sizes, self.num_candidates, generator)
+        return self.tree_leaf_order[start[:, None] + offsets]
 
     @torch.no_grad()
     def beam_topk(self, z: Tensor, k: int, beam: int | None = None) -> tuple[Tensor, Tensor]:
@@ -531,7 +619,8 @@ class CaneHead(ProposalHead):
         return (
             f"{super().extra_repr()}, num_candidates={self.num_candidates}, "
             f"num_noise={self.num_noise}, branching={self.branching}, beam={self.beam}, "
-            f"parameterization={self.parameterization!r}, num_clusters={self.num_clusters}"
+            f"parameterization={self.parameterization!r}, num_clusters={self.num_clusters}, "
+            f"tree={self.tree_kind!r}"
         )
 
 
@@ -550,6 +639,41 @@ def path_edges(tree: ClassTree, means: list[Tensor]) -> list[Tensor]:
         )
         edges.append(means[level - 1] - means[level - 2].index_select(0, parent))
     return edges
+
+
+def subset_means(table: Tensor, order: Tensor, starts: Tensor) -> Tensor:
+    """``[S, D]``: the mean of ``table`` ``[N, D]`` over each subset ``order[starts[s] :
+    starts[s + 1]]`` (``order`` long ``[N]``, ``starts`` long ``[S + 1]``, no subset empty)."""
+    sizes = starts.diff()
+    members = order[: int(starts[-1])]
+    subset = torch.repeat_interleave(torch.arange(sizes.numel(), device=table.device), sizes)
+    sums = table.new_zeros(sizes.numel(), table.shape[1]).index_add_(0, subset, table[members])
+    return sums / sizes[:, None].to(table.dtype)
+
+
+def distinct_uniform(sizes: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+    """``k`` distinct offsets per row, uniform over the ``k``-subsets of ``0..sizes[t]-1``:
+    Floyd's algorithm, batched over the rows (``k`` steps, each comparing a draw with the
+    offsets already taken; no host sync).
+
+    Args:
+        sizes: long ``[T]``, every size ``>= k``.
+        k: offsets per row.
+        generator: for reproducible draws (``None``: torch's default).
+
+    Returns:
+        long ``[T, k]``, in no particular order within a row.
+    """
+    chosen = torch.empty(sizes.shape[0], k, dtype=torch.long, device=sizes.device)
+    for step in range(k):
+        top = sizes - k + step  # draw from 0..top; take top itself if the draw is already taken
+        uniform = torch.rand(
+            sizes.shape, generator=generator, device=sizes.device, dtype=torch.float64
+        )
+        draw = torch.minimum((uniform * (top + 1)).long(), top)
+        taken = (chosen[:, :step] == draw[:, None]).any(dim=1)
+        chosen[:, step] = torch.where(taken, top, draw)
+    return chosen
 
 
 def is_member(ids: Tensor, sorted_sets: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 from .cells import Cells, build_cells, cell_of
 from .kmeans import check_norms, kmeans, nearest_centroid
 from .quantizers import ProductQuantizer, Quantizer, ResidualQuantizer, make_quantizer
-from .tree import ClassTree, beam_search
+from .tree import ClassTree, beam_search, frequency_subsets
 
 __all__ = [
     "Cells",
@@ -15,6 +15,7 @@ __all__ = [
     "build_cells",
     "check_norms",
     "cell_of",
+    "frequency_subsets",
     "kmeans",
     "make_quantizer",
     "nearest_centroid",

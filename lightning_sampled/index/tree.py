@@ -4,7 +4,7 @@ A :class:`ClassTree` is implicit: a leaf order (which class sits at each leaf po
 branching factor of every level. Node ``i`` of level ``l`` covers the leaf positions
 ``[i * span[l], min((i + 1) * span[l], N))`` with ``span[l] = prod(branchings[l:])``, so a tree of
 a million classes is two ``[N]`` tensors, and a node's children, descendants and ancestors are
-arithmetic on positions. The trees are built three ways:
+arithmetic on positions. The trees are built two ways:
 
 - :meth:`ClassTree.balanced`: a given leaf order under a balanced ``b``-ary tree of depth
   ``ceil(log_b N)``;
@@ -13,9 +13,10 @@ arithmetic on positions. The trees are built three ways:
   With ``num_clusters`` it first clusters the classes flat (one k-means with many centroids;
   above :data:`TWO_LEVEL_MIN_CLUSTERS` of them, a k-means whose steps search the centroids
   through coarse groups), orders the clusters by Algorithm 4 over their centroids and keeps each
-  cluster's classes contiguous, so that a cluster is never cut across distant subtrees;
-- :meth:`ClassTree.by_frequency`: the language-model tree of Section 5, one layer of subsets of
-  frequency-ordered classes under the root.
+  cluster's classes contiguous, so that a cluster is never cut across distant subtrees.
+and :func:`frequency_subsets` gives the one layer of subsets of Section 5's language-model tree
+(frequency-ordered classes in consecutive subsets of about equal total count), whose sizes differ,
+so it is not such a tree.
 
 :func:`beam_search` is Algorithm 3 batched over the queries: at every level it scores the children
 of the beam of each query and keeps the best ``beam`` of them.
@@ -272,32 +273,55 @@ class ClassTree:
         leaf_order[positions] = torch.arange(positions.numel(), device=positions.device)
         return cls.balanced(leaf_order, branching)
 
-    @classmethod
-    def by_frequency(cls, counts: Tensor, num_subsets: int) -> ClassTree:
-        """The language-model tree of Section 5: frequency-ordered subsets under the root.
 
-        Classes sorted by decreasing count (ties by class id) are cut into consecutive subsets of
-        ``ceil(N / num_subsets)`` classes: ``branchings = (num_subsets, ceil(N / num_subsets))``.
-        Subset 0 holds the most frequent classes; there are ``ceil(N / ceil(N / num_subsets))``
-        subsets, which is ``num_subsets`` unless equal sizes cannot make that many.
+def frequency_subsets(
+    counts: Tensor, num_subsets: int, min_size: int = 1, last: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Section 5's subsets for language models: the classes by decreasing count (ties by class
+    id), cut into ``num_subsets`` consecutive subsets of about equal total count ("split by
+    averaging over the word frequencies"), so that the first subsets hold a few frequent classes
+    and the last the long tail.
 
-        Args:
-            counts: ``[N]`` non-negative class frequencies.
-            num_subsets: ``1 <= num_subsets <= N``.
+    Subset ``s`` ends at the first class whose running count reaches ``(s + 1) / S`` of the total,
+    moved right to give it ``min_size`` classes and left to leave every later subset
+    ``min_size``; with all counts zero the first ``S - 1`` subsets hold ``min_size`` classes.
 
-        Raises:
-            ValueError: if ``counts`` is not a non-empty 1-D tensor of finite non-negative values
-                or ``num_subsets`` is out of range.
-        """
-        if counts.dim() != 1 or counts.numel() < 1:
-            raise ValueError(f"counts must be [N] with N >= 1, got shape {tuple(counts.shape)}")
-        if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
-            raise ValueError("counts must be finite and non-negative")
-        num_classes = counts.numel()
-        if not 1 <= num_subsets <= num_classes:
-            raise ValueError(f"num_subsets must be in [1, N={num_classes}], got {num_subsets}")
-        leaf_order = torch.sort(counts, descending=True, stable=True).indices
-        return cls((num_subsets, -(-num_classes // num_subsets)), leaf_order)
+    Args:
+        counts: ``[N]`` non-negative class frequencies.
+        num_subsets: ``S >= 1``.
+        min_size: the fewest classes of a subset, ``>= 1``.
+        last: a class put after every subset, in none (e.g. a padding class).
+
+    Returns:
+        ``(order, starts)``: long ``[N]`` the classes in that order (``last`` at the end), and
+        long ``[S + 1]``: subset ``s`` is ``order[starts[s] : starts[s + 1]]``, and
+        ``starts[S]`` is ``N`` (``N - 1`` with ``last``).
+
+    Raises:
+        ValueError: if ``counts`` is not a non-empty 1-D tensor of finite non-negative values,
+            or the subsets cannot each hold ``min_size`` classes.
+    """
+    if counts.dim() != 1 or counts.numel() < 1:
+        raise ValueError(f"counts must be [N] with N >= 1, got shape {tuple(counts.shape)}")
+    if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
+        raise ValueError("counts must be finite and non-negative")
+    order = torch.sort(counts, descending=True, stable=True).indices
+    if last is not None:
+        order = torch.cat([order[order != last], order[order == last]])
+    size = counts.numel() - (last is not None)
+    if num_subsets < 1 or min_size < 1 or num_subsets * min_size > size:
+        raise ValueError(
+            f"{num_subsets} subsets of at least {min_size} classes do not fit in {size} classes"
+        )
+    running = counts[order[:size]].double().cumsum(0)
+    targets = running[-1] * torch.arange(1, num_subsets, dtype=torch.float64) / num_subsets
+    ends = (torch.searchsorted(running, targets.to(running.device)) + 1).tolist()
+    starts = [0]
+    for subset, end in enumerate(ends, start=1):
+        end = max(end, starts[-1] + min_size)
+        starts.append(min(end, size - (num_subsets - subset) * min_size))
+    starts.append(size)
+    return order, torch.tensor(starts, dtype=torch.long, device=counts.device)
 
 
 def cluster_positions(

@@ -6,13 +6,20 @@ import math
 import pytest
 import torch
 
-from lightning_sampled.index import ClassTree, beam_search
+from lightning_sampled.index import ClassTree, beam_search, frequency_subsets
 from lightning_sampled.index import tree as tree_module
 
 
 def random_tree(num_classes: int, branching: int, seed: int = 0) -> ClassTree:
     order = torch.randperm(num_classes, generator=torch.Generator().manual_seed(seed))
     return ClassTree.balanced(order, branching)
+
+
+def two_level_tree(num_classes: int, num_subsets: int, seed: int = 0) -> ClassTree:
+    """``num_subsets`` nodes of ``ceil(N / num_subsets)`` leaves under the root: uneven
+    branchings, and a last node that may be short."""
+    order = torch.randperm(num_classes, generator=torch.Generator().manual_seed(seed))
+    return ClassTree((num_subsets, -(-num_classes // num_subsets)), order)
 
 
 def children(tree: ClassTree, level: int, node: int) -> list[int]:
@@ -116,7 +123,7 @@ def test_from_vectors_holds_every_class_at_exactly_one_leaf(num_classes):
 @pytest.mark.parametrize(
     "tree",
     [random_tree(1, 4), random_tree(10, 2), random_tree(64, 4), random_tree(65, 4),
-     random_tree(1234, 10), ClassTree.by_frequency(torch.rand(103), 7)],
+     random_tree(1234, 10), two_level_tree(103, 7)],
 )  # fmt: skip
 def test_node_spans_partition_the_leaves_at_every_level(tree):
     for level, size in enumerate(tree.level_sizes()):
@@ -131,7 +138,7 @@ def test_node_spans_partition_the_leaves_at_every_level(tree):
 
 @pytest.mark.parametrize(
     "tree", [random_tree(1, 3), random_tree(2, 3), random_tree(50, 3), random_tree(81, 3),
-             ClassTree.by_frequency(torch.rand(23), 5)],
+             two_level_tree(23, 5)],
 )  # fmt: skip
 def test_ancestors_match_a_walk_from_the_root(tree):
     ids = torch.arange(tree.num_classes).flip(0).reshape(-1, 1)
@@ -145,7 +152,7 @@ def test_ancestors_match_a_walk_from_the_root(tree):
 
 
 @pytest.mark.parametrize("tree", [random_tree(53, 3), random_tree(64, 4), random_tree(1, 2),
-                                  ClassTree.by_frequency(torch.rand(29), 4),
+                                  two_level_tree(29, 4),
                                   ClassTree.from_vectors(torch.randn(47, 5), 3, num_clusters=6),
                                   ClassTree.from_vectors(torch.randn(4, 5), 10,
                                                          num_clusters=4)])  # fmt: skip
@@ -166,7 +173,7 @@ def test_beam_of_n_is_the_exact_topk_of_the_leaf_scores(tree, beam_over_n, scori
     assert scores.dtype == torch.float32 and ids.dtype == torch.long
 
 
-@pytest.mark.parametrize("tree", [random_tree(53, 3), ClassTree.by_frequency(torch.rand(29), 4)])
+@pytest.mark.parametrize("tree", [random_tree(53, 3), two_level_tree(29, 4)])
 def test_accumulated_scores_are_the_path_sums(tree, scoring):
     n = tree.num_classes
     g = torch.Generator().manual_seed(5)
@@ -367,22 +374,35 @@ def test_from_vectors_is_seeded_and_terminates_on_duplicates_and_chains():
         assert ClassTree.from_vectors(x, 4, iterations=iterations).num_classes == 300
 
 
-def test_by_frequency_orders_classes_by_decreasing_count():
-    counts = torch.tensor([3, 50, 7, 50, 1, 20, 0, 9, 2, 11])
-    tree = ClassTree.by_frequency(counts, 3)
-    assert tree.branchings == (3, 4) and tree.level_sizes() == [1, 3, 10]
-    assert tree.leaf_order.tolist() == [1, 3, 5, 9, 7, 2, 0, 8, 4, 6]  # ties by class id
-    (subset,) = tree.ancestors(torch.arange(10))
-    assert set(torch.nonzero(subset == 0).squeeze(1).tolist()) == {1, 3, 5, 9}
-    assert subset.tolist() == [1, 0, 1, 0, 2, 0, 2, 1, 1, 0]
-    float_counts = ClassTree.by_frequency(counts.double(), 10)
-    assert float_counts.branchings == (10, 1) and float_counts.leaf_order.tolist()[:2] == [1, 3]
-    ties = ClassTree.by_frequency(torch.tensor([2, 7, 2, 7, 2, 7, 2, 2, 7]), 2)
-    assert ties.leaf_order.tolist() == [1, 3, 5, 8, 0, 2, 4, 6, 7]
+def test_frequency_subsets_cut_the_count_order_into_equal_masses():
+    counts = torch.tensor([3, 50, 7, 50, 1, 20, 0, 9, 2, 11])  # total 153: 51 per subset
+    order, starts = frequency_subsets(counts, 3)
+    assert order.tolist() == [1, 3, 5, 9, 7, 2, 0, 8, 4, 6]  # ties by class id
+    # running counts 50, 100, 120, 131, ...: the first reaching 51 and 102 end subsets 0 and 1
+    assert starts.tolist() == [0, 2, 3, 10]
+    # brute force: each subset ends at the first class whose running count reaches s / S
+    running = counts[order].cumsum(0)
+    for s, end in enumerate(starts[1:-1].tolist(), start=1):
+        assert end == 1 + min(i for i in range(10) if running[i] * 3 >= s * int(running[-1]))
+
+
+def test_frequency_subsets_keep_a_minimum_size_and_leave_the_padding_out():
+    counts = torch.tensor([1000.0, 0.0, 5.0, 900.0, 4.0, 3.0, 2.0, 1.0, 800.0])
+    order, starts = frequency_subsets(counts, 3, min_size=2, last=1)
+    assert order.tolist() == [0, 3, 8, 2, 4, 5, 6, 7, 1]  # padding class 1 last, in no subset
+    assert starts.tolist() == [0, 2, 4, 8]  # 1000 alone would be a third: moved to 2 classes
+    sizes = starts.diff()
+    assert bool((sizes >= 2).all()) and int(starts[-1]) == 8
+    tight = frequency_subsets(counts, 4, min_size=2, last=1)[1]  # 4 x 2 = 8: all equal
+    assert tight.tolist() == [0, 2, 4, 6, 8]
+    zeros = frequency_subsets(torch.zeros(7), 3, min_size=2)[1]  # no mass: minimum sizes first
+    assert zeros.tolist() == [0, 2, 4, 7]
+    one = frequency_subsets(torch.tensor([4.0, 9.0, 1.0]), 1)
+    assert one[0].tolist() == [1, 0, 2] and one[1].tolist() == [0, 3]
 
 
 def test_tensors_round_trip():
-    tree = ClassTree.by_frequency(torch.rand(17), 4)
+    tree = two_level_tree(17, 4)
     branchings, leaf_order = tree.to_tensors()
     again = ClassTree.from_tensors(branchings, leaf_order.clone())
     assert again.branchings == tree.branchings
@@ -429,10 +449,11 @@ def test_tensors_round_trip():
             ),
             "cluster_iterations must be >= 0, got -1",
         ),
-        (lambda: ClassTree.by_frequency(torch.rand(5), 0), "num_subsets must be in \\[1, N=5\\]"),
-        (lambda: ClassTree.by_frequency(torch.rand(5), 6), "num_subsets must be in \\[1, N=5\\]"),
-        (lambda: ClassTree.by_frequency(torch.tensor([1.0, -1.0]), 1), "non-negative"),
-        (lambda: ClassTree.by_frequency(torch.rand(2, 2), 1), "counts must be \\[N\\]"),
+        (lambda: frequency_subsets(torch.rand(5), 0), "0 subsets of at least 1 classes"),
+        (lambda: frequency_subsets(torch.rand(5), 3, 2), "3 subsets of at least 2 .* in 5"),
+        (lambda: frequency_subsets(torch.rand(4), 2, 2, last=0), "do not fit in 3 classes"),
+        (lambda: frequency_subsets(torch.tensor([1.0, -1.0]), 1), "non-negative"),
+        (lambda: frequency_subsets(torch.rand(2, 2), 1), "counts must be \\[N\\]"),
     ],
 )
 def test_bad_trees_are_refused(build, message):
