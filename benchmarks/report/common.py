@@ -30,6 +30,7 @@ HEADS = {
     "tapas": "TAPAS",
     "ove": "One-vs-Each",
     "cane": "CANE",
+    "cane_frequency": "CANE, frequency tree (Section 5)",
 }
 #: the heads the issue asks for in every quality table
 ISSUE_HEADS = (
