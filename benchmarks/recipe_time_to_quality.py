@@ -261,6 +261,8 @@ GRU4REC = {
     ),
 }
 _P4 = "seed 0, 3 epochs, 20 negatives (RESULTS.md 'PTB in the MIDX paper's setting (Table 4)')"
+_PT = "library code d95650b (aa0e0de + the CANE edits, committed before the runs), seed 0, 3 epochs"
+_PL = "RESULTS.md 'PTB: the heads the time-to-quality table lacked'"
 PTB = (
     HeadSpec(
         "full",
@@ -278,7 +280,17 @@ PTB = (
         )
         for key in ("uniform", "unigram")
     ),
-    HeadSpec("log_uniform", "log_uniform", NEG20),
+    HeadSpec(
+        "log_uniform",
+        "log_uniform",
+        NEG20,
+        Recorded(
+            ("lstm_ptb_log_uniform",),
+            "log_uniform",
+            "corrected_all",
+            f"{_PT}, 20 negatives ({_PL})",
+        ),
+    ),
     HeadSpec(
         "midx_rq",
         "midx_rq",
@@ -302,8 +314,27 @@ PTB = (
             "(RESULTS.md 'MIDX-Learn with the sampler's own codes')",
         ),
     ),
-    HeadSpec("in_batch", "in_batch"),
-    HeadSpec("mixed", "mixed", NEG20),
+    HeadSpec(
+        "in_batch",
+        "in_batch",
+        recorded=Recorded(
+            ("lstm_ptb_in_batch",),
+            "in_batch",
+            "corrected_all",
+            f"{_PT}, the batch's other 699 targets, no draws ({_PL})",
+        ),
+    ),
+    HeadSpec(
+        "mixed",
+        "mixed",
+        NEG20,
+        Recorded(
+            ("lstm_ptb_mixed",),
+            "mixed",
+            "corrected_all",
+            f"{_PT}, the batch's other 699 targets + 20 uniform draws ({_PL})",
+        ),
+    ),
     HeadSpec(
         "tapas",
         "tapas",
