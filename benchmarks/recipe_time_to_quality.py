@@ -115,12 +115,14 @@ class Recorded:
 class HeadSpec:
     """One head of a recipe: the issue's ``key``, its ``config`` under
     ``recipes/configs/heads/``, the CLI ``overrides`` of its recorded run (also used to time
-    it), and its recorded curve (``None``: no recorded run)."""
+    it), its recorded curve (``None``: no recorded run), and why the head does not suit the
+    recipe (``unsuited``; its step is still timed, no run is proposed)."""
 
     key: str
     config: str
     overrides: tuple[str, ...] = ()
     recorded: Recorded | None = None
+    unsuited: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,9 +144,18 @@ class Recipe:
         return self.metric != "val/ppl"
 
 
+#: why log-uniform does not suit a catalog whose ids are not sorted by frequency
+UNSORTED_IDS = "not applicable: its Zipfian proposal needs frequency-sorted ids, these are not"
+
+
 def _ml(extra: dict[str, Recorded]) -> tuple[HeadSpec, ...]:
     return tuple(
-        HeadSpec(key, key, recorded=extra.get(key))
+        HeadSpec(
+            key,
+            key,
+            recorded=extra.get(key),
+            unsuited=UNSORTED_IDS if key == "log_uniform" else None,
+        )
         for key in (
             "full",
             "uniform",
@@ -445,7 +456,7 @@ SYNTHETIC = (
     ),
     _current_1m("uniform"),
     HeadSpec("unigram", "unigram", SPARSE + NEG20),
-    HeadSpec("log_uniform", "sparse_log_uniform"),
+    HeadSpec("log_uniform", "sparse_log_uniform", unsuited=UNSORTED_IDS),
     _current_1m("midx_rq"),
     HeadSpec("midx_learn", "midx_learn", SPARSE + NEG20),
     HeadSpec("in_batch", "in_batch", SPARSE),
@@ -784,7 +795,9 @@ def reach_table(recipe: Recipe, steps: Sequence[dict], curves: Sequence[dict]) -
             continue
         spec = next(h for h in recipe.heads if h.key == row["head"])
         cells = [head_label(spec.key), "—", _num(row["median_step_s"]), _refresh(row)]
-        if spec.recorded is None:
+        if spec.unsuited is not None:
+            cells += [spec.unsuited, "", "", "", "", ""]
+        elif spec.recorded is None:
             missing = ["no recorded run", ""]
             cells += [*missing, *missing, "", f"`{compare_command(recipe, spec)}`"]
         else:
@@ -870,7 +883,8 @@ def manifest_lines() -> list[str]:
         for spec in recipe.heads:
             rec = spec.recorded
             if rec is None:
-                rows.append([recipe.name, head_label(spec.key), "no recorded run", "", ""])
+                why = spec.unsuited or "no recorded run"
+                rows.append([recipe.name, head_label(spec.key), why, "", ""])
                 continue
             files = ", ".join(f"`{f}.json` (head `{rec.head}`)" for f in rec.files)
             rows.append([recipe.name, head_label(spec.key), files, rec.convention, rec.provenance])

@@ -107,6 +107,16 @@ def test_manifest_files_exist_and_hold_their_heads(recipe):
         assert spec.recorded.convention and spec.recorded.provenance
 
 
+def test_log_uniform_is_proposed_only_where_ids_are_sorted_by_frequency():
+    """Its Zipfian proposal assumes id 0 is the most frequent class: true of the language
+    models' vocabularies, not of MovieLens' or the synthetic catalog's item ids."""
+    for name, recipe in ttq.RECIPES.items():
+        (spec,) = [h for h in recipe.heads if h.key == "log_uniform"]
+        sorted_ids = name in ("lstm_ptb", "lstm_gcide")
+        assert (spec.unsuited is None) == sorted_ids, name
+        assert spec.unsuited is None or spec.recorded is None
+
+
 def test_report_section_says_what_to_run_then_carries_the_tables(dirs):
     from benchmarks.report.time_to_quality import section_time_to_quality
 
