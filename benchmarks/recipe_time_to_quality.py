@@ -605,13 +605,7 @@ def refreshes_before(step: int, steps_per_epoch: int, schedule: dict | None) -> 
     if schedule is None:
         return 0
     callback = IndexRefresh(**schedule)
-    count = 0
-    for global_step in range(step):
-        epoch = global_step // steps_per_epoch
-        if callback._due(epoch, global_step):
-            callback.last_epoch, callback.last_step = epoch, global_step
-            count += 1
-    return count
+    return sum(callback.take_due(s // steps_per_epoch, s) for s in range(step))
 
 
 def training_seconds(step: int, step_s: float, refreshes: int, refresh_s: float) -> float:

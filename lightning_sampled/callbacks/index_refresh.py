@@ -116,15 +116,23 @@ class IndexRefresh(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._due(trainer.current_epoch, trainer.global_step):
+        if self.take_due(trainer.current_epoch, trainer.global_step):
             seconds, stats = self.refresh(pl_module)
-            self.last_epoch, self.last_step = trainer.current_epoch, trainer.global_step
             metrics = {"index_refresh/seconds": seconds}
             metrics.update({f"index_refresh/{name}": value for name, value in stats.items()})
             # straight to the loggers, once: a LightningModule.log of a step metric would be
             # logged again with the same value at every later step until the next refresh
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
+
+    def take_due(self, epoch: int, step: int) -> bool:
+        """Whether the schedule refreshes before the training batch at ``epoch`` and global
+        ``step``; if so, that batch becomes the last refresh (what the callback does before each
+        batch, so a caller can replay the schedule without a Trainer)."""
+        if not self._due(epoch, step):
+            return False
+        self.last_epoch, self.last_step = epoch, step
+        return True
 
     def _due(self, epoch: int, step: int) -> bool:
         if self.last_step is None:

@@ -429,9 +429,9 @@ class CaneHead(ProposalHead):
         ``"flat"``, or broadcast the head's parameters after each refresh.
         """
         table = self.class_table().detach()
-        if self.tree_kind == "frequency":
-            tree = ClassTree.balanced(self.tree_leaf_order.clone(), self.branching)
-            self.subset_vectors.copy_(subset_means(table, tree.leaf_order, self.subset_starts))
+        if self.tree_kind == "frequency":  # the frequency order is kept
+            tree = self.tree
+            self.subset_vectors.copy_(subset_means(table, self.tree_leaf_order, self.subset_starts))
         else:
             tree = ClassTree.from_vectors(
                 table, self.branching, seed=self.seed, num_clusters=self.num_clusters
