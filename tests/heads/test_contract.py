@@ -121,6 +121,7 @@ HEADS: dict[str, Head] = {
     "one_vs_each_sampler": Head(lambda n, d, s, **o: OneVsEachHead(n, d, s, 6, **o), proposals=ANY),  # noqa: E501
     "cane_flat": Head(lambda n, d, s, **o: CaneHead(n, d, 4, 6, 4, sampler=s, **o), proposals=ANY, refuses=CANE, breaks=CANE_BREAKS),  # noqa: E501
     "cane_path": Head(lambda n, d, s, **o: CaneHead(n, d, 4, 6, 4, parameterization="path", sampler=s, **o), refuses=(*CANE, "weight"), breaks=CANE_BREAKS),  # noqa: E501
+    "cane_frequency": Head(lambda n, d, s, **o: CaneHead(n, d, 4, 6, 4, sampler=s, tree="frequency", class_counts=target_counts(n), num_subsets=3, **o), proposals=ANY, refuses=CANE, breaks=CANE_BREAKS),  # noqa: E501
 }
 # fmt: on
 
