@@ -8,20 +8,24 @@ num_clusters=C)`` with ``C = N / 100`` (``--max-clusters`` caps it; no cap by de
 clusters kept whole, clustered by its default ``clustering="auto"``: one k-means up to
 ``C = 1024``, the two-level (coarse-group-pruned) k-means above, so the 1e6 row uses it; the beam
 search scores internal nodes by their descendants' means, as ``CaneHead(parameterization="flat")``
-does. Beside it, on the same table and queries: faiss ``IndexIVFFlat`` (inner product,
-``4 sqrt(N)`` lists) at several ``nprobe`` and ``IndexHNSWFlat`` (M = 32, inner product) at
-several ``efSearch``, and the exact top-10 (chunked ``z @ W.T``, the reference of recall@10 and
-of the speed-ups). Each method's queries/s is the median over ``--repeats`` round-robin rounds
-after a warm-up; build times are one run.
+does. Each beam runs twice: from the level :func:`~lightning_sampled.index.tree.whole_level_start`
+picks, scored whole (``CaneHead.beam_topk``'s default; the ``start_level`` column), and from the
+root (Algorithm 3, ``from root``). Beside it, on the same table and queries: faiss
+``IndexIVFFlat`` (inner product, ``4 sqrt(N)`` lists) at several ``nprobe`` and
+``IndexHNSWFlat`` (M = 32, inner product) at several ``efSearch``, and the exact top-10 (chunked
+``z @ W.T``, the reference of recall@10 and of the speed-ups). Each method's queries/s is the
+median over ``--repeats`` round-robin rounds after a warm-up; build times are one run.
 
-At N = 1e6 the flat clusters now hold 98% of a planted cluster's classes (the capped flat
-k-means of 1,000 clusters mixed about ten planted clusters in each), and a tree built on the true
-planted clusters gave the same recall (0.47 / 0.65 / 0.80 at beams 10 / 20 / 50, 256 queries): what
-still loses recall there is the upper levels, whose nodes of 100 and 10 planted clusters are
-scored by their means. Ordering the true clusters' centroids with 25 Lloyd steps per split
-instead of 5 raised recall@10 at beam 20 to 0.67 (the exact top-1's ancestor was still in the
-beam for 86% of the queries after level 2, 100 nodes, and 72% after level 3, 1,000 nodes), and
-size-balanced splits aligned with the balanced tree's nodes to 0.71: short of 0.8 either way.
+What the start changes: at N = 1e6 the flat clusters hold 98% of a planted cluster's classes,
+and a tree built on the true planted clusters gave the root's search the same recall (0.47 /
+0.65 / 0.80 at beams 10 / 20 / 50, 256 queries). What loses it is the upper levels, whose nodes
+of 100 and 10 planted clusters are scored by their means: with 25 Lloyd steps per split instead
+of 5 the exact top-1's ancestor was still in the beam for only 86% of the queries after level 2
+(100 nodes) and 72% after level 3 (1,000 nodes). Better splits did not fix it (0.67 and, with
+size-balanced splits, 0.71 at beam 20). Scoring every node of the level of about one node per
+flat cluster and starting the beam there does (level 4 of 6 at N = 1e6, 10,000 nodes; level 3
+of 5 at 1e5, beam 20): the search reads 10,000 node vectors by one matrix product instead of 510
+by gathers, which costs about as much as the gathers below it.
 
 Training step: one forward + backward of ``CaneHead`` (20 candidates, beam 20, 10-ary tree, 80
 uniform noises) and of ``SampledSoftmaxHead`` (100 uniform negatives) at the SASRec MovieLens-1M
@@ -35,6 +39,7 @@ Run: ``python -m benchmarks.cane_topk [--sizes 1e5 1e6] [--threads 1] [--repeats
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -49,7 +54,7 @@ from benchmarks.cane import clustered_table, log, recall, round_robin
 from benchmarks.common import load_average, write_results
 from lightning_sampled.heads import CaneHead, SampledSoftmaxHead
 from lightning_sampled.heads.cane import descendant_means
-from lightning_sampled.index import ClassTree, beam_search
+from lightning_sampled.index import ClassTree, beam_search, whole_level_start
 from lightning_sampled.index.kmeans import faiss_threads
 from lightning_sampled.samplers import UniformSampler
 
@@ -147,10 +152,14 @@ def compare_topk(table: Tensor, z: Tensor, args: argparse.Namespace) -> list[dic
     levels = descendant_means(tree, table, torch.ones(num_classes)) + [table]
     log(f"N={num_classes:.0e}: tree of {clusters} flat clusters in {tree_build:.1f} s")
     calls: dict[str, Callable[[Tensor], Tensor]] = {"exact": lambda q: exact_topk(table, q)}
-    for beam in args.beams:
-        calls[f"beam_topk beam={beam}"] = lambda q, b=beam: beam_search(
-            tree, q, levels, b, K, accumulate=False
+    start_levels = {"exact": ""}
+    for beam, start in itertools.product(args.beams, args.starts):
+        name = f"beam_topk beam={beam}" + (" from root" if start == "root" else "")
+        level = whole_level_start(tree, beam) if start == "auto" else 0
+        calls[name] = lambda q, b=beam, s=level: beam_search(
+            tree, q, levels, b, K, accumulate=False, start_level=s
         )[1]
+        start_levels[name] = f"{level} of {tree.depth}"
     with faiss_threads(torch.get_num_threads()):
         faiss_calls, builds = faiss_indexes(table, args)
         calls |= faiss_calls
@@ -179,6 +188,7 @@ def compare_topk(table: Tensor, z: Tensor, args: argparse.Namespace) -> list[dic
                 "median_s": median,
                 "step_vs_uniform": "",
                 "flat_clusters": clusters,
+                "start_level": start_levels.get(name, ""),
             }
         )
         log(f"  {name}: recall {rows[-1]['recall_at_10']:.3f}, {rows[-1]['queries_per_s']:.0f} q/s")
@@ -215,6 +225,7 @@ def step_rows(args: argparse.Namespace) -> list[dict]:
             "median_s": statistics.median(times[name]),
             "step_vs_uniform": statistics.median(times[name]) / uniform,
             "flat_clusters": "",
+            "start_level": "",
         }
         for name in heads
     ]
@@ -245,6 +256,18 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
+def add_starts_argument(parser: argparse.ArgumentParser) -> None:
+    """``--starts``: where the beam rows' searches start (read by :func:`compare_topk`)."""
+    parser.add_argument(
+        "--starts",
+        nargs="+",
+        choices=("auto", "root"),
+        default=["auto", "root"],
+        help="auto: CaneHead.beam_topk's default, the level whole_level_start picks, scored "
+        "whole ('beam_topk beam=J' rows); root: Algorithm 3 ('... from root' rows)",
+    )
+
+
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
@@ -253,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=float, nargs="*", default=[1e5, 1e6])
     parser.add_argument("--beams", type=int, nargs="+", default=[10, 20, 50])
+    add_starts_argument(parser)
     parser.add_argument("--nprobes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--efs", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--max-hnsw", type=int, default=200_000, help="largest N given HNSW")
@@ -294,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             "section",
             "num_classes",
             "method",
+            "start_level",
             "recall_at_10",
             "queries_per_s",
             "speedup_vs_exact",

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from benchmarks.cane import log
-from benchmarks.cane_topk import compare_topk, flat_clusters
+from benchmarks.cane_topk import add_starts_argument, compare_topk, flat_clusters
 from benchmarks.common import load_average, write_results
 
 TABLES = ("gcide", "ml1m")
@@ -224,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="provenance of a loaded checkpoint (e.g. the command that trained it)",
     )  # fmt: skip
     parser.add_argument("--beams", type=int, nargs="+", default=[10, 20, 50])
+    add_starts_argument(parser)
     parser.add_argument("--nprobes", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--efs", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--max-hnsw", type=int, default=10_000_000, help="largest N given HNSW")
@@ -306,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "table",
             "num_classes",
             "method",
+            "start_level",
             "recall_at_10",
             "queries_per_s",
             "speedup_vs_exact",

@@ -3,7 +3,7 @@
 from .cells import Cells, build_cells, cell_of
 from .kmeans import check_norms, kmeans, nearest_centroid
 from .quantizers import ProductQuantizer, Quantizer, ResidualQuantizer, make_quantizer
-from .tree import ClassTree, beam_search, frequency_subsets
+from .tree import ClassTree, beam_search, frequency_subsets, whole_level_start
 
 __all__ = [
     "Cells",
@@ -19,4 +19,5 @@ __all__ = [
     "kmeans",
     "make_quantizer",
     "nearest_centroid",
+    "whole_level_start",
 ]

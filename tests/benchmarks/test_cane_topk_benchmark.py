@@ -1,6 +1,8 @@
 """``benchmarks/cane_topk.py`` at a toy size: every method has a row, the exact top-k has recall
 1, and the targets say met or NOT met from the numbers."""
 
+import csv
+
 from benchmarks import cane_topk
 
 
@@ -13,10 +15,14 @@ def test_toy_run_writes_every_method_and_the_targets(tmp_path):
     text = (tmp_path / "cane_topk.md").read_text()
     assert "## Targets" in text and "Load average" in text
     rows = (tmp_path / "cane_topk.csv").read_text().splitlines()
-    assert len(rows) == 1 + 5 + 2  # exact, 2 beams, IVF, HNSW; two training steps
+    assert len(rows) == 1 + 7 + 2  # exact, 2 beams from 2 starts, IVF, HNSW; two steps
     exact = next(r for r in rows if ",exact," in r)
-    beam_n = next(r for r in rows if "beam=2000" in r)
-    assert ",1.0," in exact and ",1.0," in beam_n  # a beam of N is exact
+    beam_n = [r for r in rows if "beam=2000" in r]
+    assert ",1.0," in exact  # the exact top-k is its own reference
+    assert len(beam_n) == 2 and all(",1.0," in r for r in beam_n)  # a beam of N is exact
+    starts = {row["method"]: row["start_level"] for row in csv.DictReader(rows)}
+    assert starts["beam_topk beam=10"] == "3 of 4"  # levels of 1, 2, 20, 200, 2,000 nodes
+    assert starts["beam_topk beam=10 from root"] == "0 of 4"
     # nothing measured at 1e6: NOT met, never met by default
     assert "N = 1,000,000: not measured: NOT met" in text
 

@@ -11,8 +11,8 @@ from benchmarks import cane_topk_trained
 
 def tiny_args(**kwargs):
     defaults = dict(
-        beams=[10, 300], nprobes=[1, 64], efs=[16], max_hnsw=10_000, max_clusters=None,
-        repeats=1, seed=0,
+        beams=[10, 300], starts=["auto", "root"], nprobes=[1, 64], efs=[16], max_hnsw=10_000,
+        max_clusters=None, repeats=1, seed=0,
     )  # fmt: skip
     return argparse.Namespace(**{**defaults, **kwargs})
 
@@ -24,16 +24,18 @@ def test_exact_is_the_reference_and_a_beam_of_n_is_exact():
     rows = cane_topk_trained.table_rows("tiny", table, z, tiny_args())
     by_method = {row["method"]: row for row in rows}
     assert set(by_method) == {
-        "exact", "beam_topk beam=10", "beam_topk beam=300", "IVFFlat nlist=69 nprobe=1",
-        "IVFFlat nlist=69 nprobe=64", "HNSWFlat M=32 efSearch=16",
+        "exact", "beam_topk beam=10", "beam_topk beam=300", "beam_topk beam=10 from root",
+        "beam_topk beam=300 from root", "IVFFlat nlist=69 nprobe=1", "IVFFlat nlist=69 nprobe=64",
+        "HNSWFlat M=32 efSearch=16",
     }  # fmt: skip
     assert all(row["table"] == "tiny" and row["num_classes"] == 300 for row in rows)
     assert by_method["exact"]["recall_at_10"] == 1.0
-    assert by_method["beam_topk beam=300"]["recall_at_10"] == 1.0  # a beam of N is exact
-    assert by_method["beam_topk beam=10"]["recall_at_10"] < 1.0  # and a small one is not
+    for start in ("", " from root"):
+        assert by_method[f"beam_topk beam=300{start}"]["recall_at_10"] == 1.0  # a beam of N
+        assert by_method[f"beam_topk beam=10{start}"]["recall_at_10"] < 1.0  # a small one
     assert all(row["queries_per_s"] > 0 for row in rows)
     lines = cane_topk_trained.equal_recall(rows, "tiny")
-    assert len(lines) == 2 and all(line.startswith("- tiny, beam_topk") for line in lines)
+    assert len(lines) == 4 and all(line.startswith("- tiny, beam_topk") for line in lines)
 
 
 def test_targets_follow_the_numbers():

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_sampled.callbacks import SamplerDiagnostics
 from lightning_sampled.heads import CaneHead
 from lightning_sampled.heads.cane import REJECTION_ROUNDS
-from lightning_sampled.index.tree import ClassTree
+from lightning_sampled.index.tree import ClassTree, beam_search, whole_level_start
 from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 PARAMETERIZATIONS = ["flat", "path"]
@@ -340,6 +340,39 @@ def test_beam_topk_with_beam_at_least_n_equals_topk(parameterization):
     torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-5)
     assert torch.equal(ids, want_ids)
     assert values.shape == (4, 5, 10)
+
+
+@pytest.mark.parametrize("parameterization", PARAMETERIZATIONS)
+def test_beam_topk_starts_where_asked_and_by_default_at_the_whole_level(parameterization):
+    """``start`` reaches :func:`beam_search`'s ``start_level``: "auto" (the default) is
+    :func:`whole_level_start`'s level, "root" is 0, an int is that level; every start keeps the
+    found classes' exact logits and differs from the root's search on a beam that prunes."""
+    n, d = 3000, 4
+    head = randomize(CaneHead(n, d, 3, 2, branching=3, parameterization=parameterization))
+    z = torch.randn(40, d)
+    tree = head.tree
+    means = head._level_vectors(tree)
+    accumulate = parameterization == "path"
+    auto = whole_level_start(tree, 6)
+    assert auto == 6  # levels of 1, 2, 5, 13, 38, 112, 334, 1000, 3000 nodes
+    logits = exact_logits(head, z)
+    found = {}
+    for start, level in (("auto", auto), (None, auto), ("root", 0), (1, 1), (4, 4)):
+        kwargs = {} if start is None else {"start": start}
+        values, ids = head.beam_topk(z, 5, beam=6, **kwargs)
+        want = beam_search(tree, z, means, 6, 5, accumulate=accumulate, start_level=level)
+        torch.testing.assert_close(values, want[0])
+        assert torch.equal(ids, want[1])
+        torch.testing.assert_close(values.double(), logits.gather(1, ids), rtol=1e-5, atol=1e-5)
+        found[level] = ids
+    assert not torch.equal(found[auto], found[0])
+
+
+@pytest.mark.parametrize("start", ["leaves", -1, 6, 2.0, True])  # 6: the leaves
+def test_beam_topk_refuses_a_start_that_is_not_a_level(start):
+    head = CaneHead(300, 4, 3, 2, branching=3)  # depth 6: levels 0..5 may start
+    with pytest.raises(ValueError, match="'root', 'auto' or a level in \\[0, 5\\], got"):
+        head.beam_topk(torch.randn(2, 4), 5, beam=6, start=start)
 
 
 @pytest.mark.parametrize("parameterization", PARAMETERIZATIONS)

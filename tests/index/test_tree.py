@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from lightning_sampled.index import ClassTree, beam_search, frequency_subsets
+from lightning_sampled.heads.cane import descendant_means
+from lightning_sampled.index import ClassTree, beam_search, frequency_subsets, whole_level_start
 from lightning_sampled.index import tree as tree_module
 
 
@@ -64,12 +65,22 @@ def path_scores(tree: ClassTree, z, level_vectors, leaf_bias, accumulate: bool) 
     return scores
 
 
-def reference_beam_search(tree, z, level_vectors, beam, k, accumulate, leaf_bias):
-    """Algorithm 3 one query at a time, with Python lists (no ties in random data)."""
+def reference_beam_search(tree, z, level_vectors, beam, k, accumulate, leaf_bias, start=0):
+    """Algorithm 3 one query at a time, with Python lists (no ties in random data); with
+    ``start = s > 0`` the first beam is the best ``beam`` of every node of level ``s``, scored
+    by its walk from the root."""
     all_scores, all_ids = [], []
     for query in z:
         frontier = [(0.0, 0)]
-        for level in range(tree.depth):
+        if start:
+            span = math.prod(tree.branchings[start:])
+            scored = []
+            for node in range(tree.level_sizes()[start]):
+                path = walk_from_root(tree, int(tree.leaf_order[node * span]))[:start]
+                sums = [float(query @ level_vectors[level][n]) for level, n in enumerate(path)]
+                scored.append((sum(sums) if accumulate else sums[-1], node))
+            frontier = sorted(scored, reverse=True)[:beam]
+        for level in range(start, tree.depth):
             scored = []
             for parent_score, node in frontier:
                 for child in children(tree, level, node):
@@ -189,24 +200,94 @@ def test_accumulated_scores_are_the_path_sums(tree, scoring):
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
-@pytest.mark.parametrize(("num_classes", "branching", "beam", "k"), [(100, 3, 4, 3), (77, 5, 2, 2)])
+@pytest.mark.parametrize(
+    ("num_classes", "branching", "beam", "k", "start"),
+    [(100, 3, 4, 3, 0), (77, 5, 2, 2, 0), (100, 3, 4, 3, 2), (77, 5, 2, 2, 1), (100, 3, 4, 3, 4)],
+)
 def test_small_beam_matches_a_per_query_reference(
-    accumulate, num_classes, branching, beam, k, scoring
+    accumulate, num_classes, branching, beam, k, start, scoring
 ):
-    tree = random_tree(num_classes, branching, seed=7)
+    tree = random_tree(num_classes, branching, seed=7)  # depths 5 (b = 3) and 3 (b = 5)
     g = torch.Generator().manual_seed(8)
     z = torch.randn(12, 5, generator=g)
     vectors = random_level_vectors(tree, 5, seed=9)
     bias = torch.randn(num_classes, generator=g)
-    expected = reference_beam_search(tree, z, vectors, beam, k, accumulate, bias)
+    expected = reference_beam_search(tree, z, vectors, beam, k, accumulate, bias, start)
     for chunk_size in (None, 1, 5):
         scores, ids = beam_search(
-            tree, z, vectors, beam, k, accumulate=accumulate, leaf_bias=bias, chunk_size=chunk_size
+            tree,
+            z,
+            vectors,
+            beam,
+            k,
+            accumulate=accumulate,
+            leaf_bias=bias,
+            chunk_size=chunk_size,
+            start_level=start,
         )
         torch.testing.assert_close(scores, expected[0])
         assert torch.equal(ids, expected[1])
     exact = torch.topk(path_scores(tree, z, vectors, bias, accumulate), k).indices
     assert not torch.equal(ids, exact)  # the beam is small enough to prune a true top class
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_every_start_level_is_exact_at_a_beam_of_n(accumulate):
+    tree = random_tree(53, 3)  # levels of 1, 2, 6, 18, 53 nodes
+    g = torch.Generator().manual_seed(11)
+    z = torch.randn(6, 4, generator=g)
+    vectors = random_level_vectors(tree, 4, seed=12)
+    bias = torch.randn(53, generator=g)
+    expected = torch.topk(path_scores(tree, z, vectors, bias, accumulate), 7)
+    for start in range(tree.depth):
+        scores, ids = beam_search(
+            tree, z, vectors, 53, 7, accumulate=accumulate, leaf_bias=bias, start_level=start
+        )
+        torch.testing.assert_close(scores, expected.values)
+        assert torch.equal(ids, expected.indices)
+
+
+@pytest.mark.parametrize(
+    ("num_classes", "beam", "start"),
+    [(3706, 20, 3), (100_000, 10, 3), (100_000, 20, 3), (100_000, 50, 4), (1_000_000, 10, 3),
+     (1_000_000, 20, 4), (1_000_000, 50, 4), (10, 20, 0), (11, 1, 1), (101, 1, 2)],
+)  # fmt: skip
+def test_whole_level_start_is_the_deepest_level_no_dearer_than_the_gathers_below(
+    num_classes, beam, start
+):
+    tree = ClassTree.balanced(torch.arange(num_classes), 10)
+    assert whole_level_start(tree, beam) == start
+    ratio = tree_module._DENSE_LEVEL_RATIO
+    sizes = tree.level_sizes()
+    for level in range(1, tree.depth):  # brute force: the levels that qualify end at `start`
+        cheap = sizes[level] <= ratio * beam * sum(tree.branchings[level:])
+        assert cheap == (level <= start)
+
+
+def test_whole_level_start_is_the_root_when_the_first_level_is_too_wide():
+    tree = ClassTree((1000, 10), torch.arange(10_000))  # 1,000 nodes > 32 x 1 x 10
+    assert whole_level_start(tree, 1) == 0
+    assert whole_level_start(tree, 4) == 1  # 1,000 <= 32 x 4 x 10
+
+
+def test_starting_at_the_whole_level_finds_the_planted_clusters_the_root_misses():
+    """1,000 planted clusters of 20 classes (Gaussian centres, as ``benchmarks/cane_topk.py``):
+    the means of 10 to 100 clusters at levels 2 and 3 route queries away from their own
+    cluster; starting at level 4 (2,000 nodes of 10 classes, scored whole) does not."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(1000, 16, generator=g)
+    table = centres.repeat_interleave(20, dim=0) + 0.5 * torch.randn(20_000, 16, generator=g)
+    z = centres[torch.randint(0, 1000, (256,), generator=g)] + torch.randn(256, 16, generator=g)
+    tree = ClassTree.from_vectors(table, 10, num_clusters=1000)  # levels 1, 2, 20, 200, 2,000
+    levels = [*descendant_means(tree, table, torch.ones(20_000)), table]
+    exact = (z @ table.T).topk(10).indices
+
+    def recall(start: int) -> float:
+        ids = beam_search(tree, z, levels, 20, 10, accumulate=False, start_level=start)[1]
+        return (ids[:, :, None] == exact[:, None, :]).any(2).float().mean().item()
+
+    assert whole_level_start(tree, 20) == 4
+    assert recall(4) >= 0.8 and recall(4) >= recall(0) + 0.08  # measured: 0.818 and 0.715
 
 
 def planted_hierarchy(group_sizes: list[int], dim: int = 8, seed: int = 0):
@@ -481,3 +562,6 @@ def test_bad_beam_search_arguments_are_refused():
         beam_search(tree, z, vectors, 3, 2, accumulate=False, chunk_size=0)
     with pytest.raises(ValueError, match="leaf_bias must be \\[20\\]"):
         beam_search(tree, z, vectors, 3, 2, accumulate=False, leaf_bias=torch.zeros(19))
+    for start in (-1, 3):
+        with pytest.raises(ValueError, match=f"in \\[0, L - 1 = 2\\], got {start}$"):
+            beam_search(tree, z, vectors, 3, 2, accumulate=False, start_level=start)
