@@ -26,6 +26,8 @@ def test_the_plan_runs_every_cell_and_convention_seed_by_seed_and_midx_only_per_
     assert plan[0].task == "ptb"  # the longest task first within a seed
     assert not any(r.method == "midx_rq" and r.shared for r in plan)
     assert len(set(plan)) == len(plan)
+    only_cells = runs(["gcide"], ["corrected_all"], [0], references=[])
+    assert len(only_cells) == len(CELLS) and all(r.convention for r in only_cells)
 
 
 def test_history_batches_left_pad_the_inputs_and_exclude_every_seen_item():
