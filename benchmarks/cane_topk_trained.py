@@ -20,7 +20,9 @@ Both heads have no bias, no normalisation and temperature 1, so a class's score 
 product of its row with the query, which is what every method here ranks. For each table: the
 exact top-10 (the reference of recall@10 and of the speed-ups), ``beam_search`` over
 ``ClassTree.from_vectors(table, 10, num_clusters=N / 100)`` (internal nodes scored by their
-descendants' means, as ``CaneHead(parameterization="flat")`` does) at ``--beams``, faiss
+descendants' means, as ``CaneHead(parameterization="flat")`` does) at ``--beams``, each from
+the level ``whole_level_start`` picks (``CaneHead.beam_topk``'s default) and from the root
+(``--starts``), faiss
 ``IndexIVFFlat`` (inner product, ``4 sqrt(N)`` lists) at ``--nprobes`` and ``IndexHNSWFlat``
 (M = 32) at ``--efs``; queries/s is the median of ``--repeats`` round-robin rounds after a
 warm-up, build times are one run. Ids are ignored for exclusions (no seen-item filtering): this
@@ -217,7 +219,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gcide-checkpoint", type=Path, default=None)
     parser.add_argument("--ml1m-checkpoint", type=Path, default=None)
     parser.add_argument("--gcide-steps", type=int, default=2000, help="GCIDE training budget")
-    parser.add_argument("--ml1m-epochs", type=int, default=2, help="SASRec training budget")
+    parser.add_argument(
+        "--ml1m-epochs", type=int, default=10, help="SASRec training budget (the recipe's)"
+    )
     parser.add_argument("--train-dir", type=Path, default=Path("logs/cane_trained"))
     parser.add_argument(
         "--note", nargs=2, action="append", default=[], metavar=("TABLE", "TEXT"),
