@@ -28,6 +28,22 @@ the level ``whole_level_start`` picks (``CaneHead.beam_topk``'s default) and fro
 warm-up, build times are one run. Ids are ignored for exclusions (no seen-item filtering): this
 is raw maximum-inner-product retrieval.
 
+On these tables the start matters little (beam 20: 0.737 against 0.734 on GCIDE, 0.875 against
+0.871 on MovieLens-1M): what loses the recall is the last internal level, whose nodes of 10
+classes are ranked by their means while a query's best classes by inner product are often the
+nodes' long vectors. Four other trees and node scores, measured on the same checkpoints, tables
+and 1,024 queries with throwaway scripts, recall@10 at beam 20 from the default start, GCIDE /
+MovieLens-1M (planted clusters at N = 1e5 where measured), none adopted:
+
+- the tree built on unit-normalised vectors: 0.746 / 0.898;
+- built on the MIPS-to-nearest-neighbour augmentation (a last coordinate
+  ``sqrt(max |v|^2 - |v|^2)``): 0.712 / 0.887;
+- the classes ordered by decreasing norm within every run of 100 leaves: 0.809 / 0.712;
+- internal nodes scored by ``z . mean + a |z| radius`` (a shrunk ball-tree bound; a = 0.25;
+  512 queries): 0.837 / 0.863, and 0.891 against 0.920 on the planted clusters.
+
+Each helps one table and hurts another; none reaches 0.9 on both.
+
 Run from the repository root (checkpoints and logs go under ``--train-dir``)::
 
     nice -n 10 .venv/bin/python -m benchmarks.cane_topk_trained --threads 1
