@@ -462,6 +462,8 @@ def header(rows: list[dict], tiny: bool) -> list[str]:
             f"`{t}` (`recipes/configs/{TASKS[t]['config']}`, {length(t)}, "
             f"{TASKS[t]['negatives']} negatives per query or per batch, seeds "
             + ", ".join(sorted({str(r["seed"]) for r in ok if r["task"] == t}))
+            + "; on "
+            + ", ".join(sorted({str(r.get("machine", "?")) for r in ok if r["task"] == t}))
             + ")"
             for t in tasks
         ),

@@ -90,11 +90,14 @@ def test_the_report_names_each_convention_s_cells_out(tmp_path):
     ]
     for r in rows:
         r.update(machine="m", torch="t", driver="d", commit="c", finished="2026-11-27T08:00:00Z")
+    rows.append(row("ptb", "uniform, per query", "corrected_all", 0, 200.0))
+    rows[-1].update(machine="cpu", commit="c")
     report(rows, tmp_path)
     text = (tmp_path / "estimator_grid.md").read_text()
     assert "- `exact_positive`: 1 of 1" in text
-    assert "- `corrected_all`: 0 of 1; not: sasrec uniform, per query (0.900)" in text
-    assert "- commit: c" in text
+    assert "- `corrected_all`: 1 of 2; not: sasrec uniform, per query (0.900)" in text
+    assert "- commit: c" in text and "- machine: cpu, m" in text
+    assert "seeds 0, 1; on m)" in text and "seeds 0; on cpu)" in text  # each task's machine
     assert (tmp_path / "estimator_grid.png").stat().st_size > 0
 
 
