@@ -543,8 +543,8 @@ class CaneHead(ProposalHead):
         By default the search starts at the level :func:`~lightning_sampled.index.tree.
         whole_level_start` picks, scored whole: the upper levels' node means, of many classes
         each, rank a query's best classes poorly, and skipping them costs at most as much as the
-        search's own gathers (recall@10 at beam 20 on planted clusters: 0.92 instead of 0.89 at
-        ``N = 1e5``, 0.84 instead of 0.65 at ``N = 1e6``, ``benchmarks/results/cane_topk.md``).
+        search's own gathers (recall@10 at beam 20 on planted clusters: 0.92 instead of 0.88 at
+        ``N = 1e5``, 0.83 instead of 0.64 at ``N = 1e6``, ``benchmarks/results/cane_topk.md``).
         ``start="root"`` is Algorithm 3 as training runs it.
 
         Args:
