@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from lightning_sampled.heads import SampledSoftmaxHead, TapasHead
+from lightning_sampled.heads import CaneHead, SampledSoftmaxHead, TapasHead
 from lightning_sampled.optim import LazyAdam
 from lightning_sampled.optim.lazy_adam import _summed_rows, _update_block
 from lightning_sampled.samplers import MIDXSampler
@@ -73,6 +73,10 @@ HEADS = {
     # this one leaves it uncorrected: MIDXSampler.sample alone
     "midx_rq_exact_positive": lambda **kw: SampledSoftmaxHead(
         N, D, midx("rq", "torch")(), M, convention="exact_positive", **kw
+    ),
+    "cane": lambda **kw: CaneHead(N, D, 20, 80, **kw),  # beam search from the root, 10-ary
+    "cane_frequency": lambda **kw: CaneHead(
+        N, D, 19, 1, tree="frequency", class_counts=1.0 / torch.arange(1, N + 1), **kw
     ),
     "midx_rq_triton": pytest.param(
         lambda **kw: SampledSoftmaxHead(N, D, midx("rq", "triton")(), M, **kw),
