@@ -9,10 +9,9 @@ whose measurements do not exist yet says so, with the command that would make th
 with a number is generated from the tables, so the text cannot go stale. Nothing is measured here.
 
 One module per section (``speed``, ``sampling``, ``ptb``, ``movielens``, ``gcide``,
-``convention``, ``ddp``, ``adaptive``, ``gpu``, ``estimator``, ``headline``), each naming the
-result files it reads;
-``common`` formats and reads, ``quality`` compares quality rows with the full softmax, ``papers``
-holds the papers' numbers.
+``convention``, ``ddp``, ``adaptive``, ``gpu``, ``estimator``, ``time_to_quality``, ``serving``,
+``headline``), each naming the result files it reads; ``common`` formats and reads, ``quality``
+compares quality rows with the full softmax, ``papers`` holds the papers' numbers.
 
 Run: ``python -m benchmarks.report [--benchmarks DIR] [--recipes DIR] [--results-md PATH]
 [--out PATH] [--readme README.md]`` (defaults: this repository's result folders and
@@ -38,6 +37,7 @@ from .movielens import section_movielens
 from .ptb import section_ptb
 from .readme import sync_readme
 from .sampling import section_sampling
+from .serving import section_serving
 from .speed import section_speed
 from .time_to_quality import section_time_to_quality
 
@@ -48,6 +48,7 @@ USED_BENCHMARKS = ("head_step", "head_step_1e7", "sampler_time", "adaptive_softm
 USED_BENCHMARKS += ("adaptive_softmax_trained", "adaptive_softmax_wallclock", "REPORT")
 USED_BENCHMARKS += ("ddp_scaling", "ddp_scaling_equality")
 USED_BENCHMARKS += ("gpu", "gpu_head_A", "gpu_head_B", "gpu_head_C", "gpu_step")
+USED_BENCHMARKS += ("cane_topk", "cane_topk_trained")
 
 
 def other_measurements(inputs: Inputs) -> list[str]:
@@ -91,6 +92,7 @@ def build_report(inputs: Inputs) -> str:
         section_gpu(inputs),
         section_estimator(inputs),
         section_time_to_quality(inputs),
+        section_serving(inputs),
         other_measurements(inputs),
     ]
     text = "\n".join(line for section in sections for line in [*section, ""])

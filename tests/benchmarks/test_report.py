@@ -421,3 +421,36 @@ def test_make_report_copies_the_headline_table_into_the_readme(dirs, tmp_path):
     readme.write_text("no markers")
     with pytest.raises(ValueError, match="no .* block"):
         report.main([*args, f"--results-md={dirs.results_md}"])
+
+
+def test_serving_section_carries_each_top_k_benchmark_through_its_load_line(dirs):
+    planted = [
+        "# CANE beam top-k beside faiss",
+        "",
+        "| section | method | recall_at_10 |",
+        "|---|---|---|",
+        "| top-10 | beam_topk beam=20 | 0.917 |",
+        "",
+        "## Targets",
+        "",
+        "- recall@10 >= 0.9 at beam 20, N = 100,000: 0.917: met",
+        "",
+        "Command: `python -m benchmarks.cane_topk`; seed 0.",
+        "Load average (`/proc/loadavg`, 1 / 5 / 15 min) before: 1.4; after: 2.3.",
+        "",
+        "The long description of the method, left in the source.",
+    ]
+    (dirs.benchmarks / "cane_topk.md").write_text("\n".join(planted) + "\n")
+    report.main(
+        [f"--benchmarks={dirs.benchmarks}", f"--recipes={dirs.recipes}"]
+        + [f"--results-md={dirs.results_md}"]
+    )
+    serving = section(dirs.out.read_text(), "12.")
+    assert row(serving, "top-10", "beam_topk beam=20") == "| top-10 | beam_topk beam=20 | 0.917 |"
+    assert "#### Targets" in serving and "N = 100,000: 0.917: met" in serving
+    assert "Load average" in serving and "long description" not in serving
+    assert "[cane_topk.md](cane_topk.md)" in serving
+    trained = serving.split("### Trained class tables")[1]
+    assert "Not measured yet: " in trained and "benchmarks.cane_topk_trained" in trained
+    written = dirs.out.read_text()
+    assert written.count("(cane_topk.md)") == serving.count("(cane_topk.md)")  # not in "Other"
