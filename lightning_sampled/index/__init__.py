@@ -3,7 +3,13 @@
 from .cells import Cells, build_cells, cell_of
 from .kmeans import check_norms, kmeans, nearest_centroid
 from .quantizers import ProductQuantizer, Quantizer, ResidualQuantizer, make_quantizer
-from .tree import ClassTree, beam_search, frequency_subsets, whole_level_start
+from .tree import (
+    ClassTree,
+    beam_search,
+    fit_node_vectors,
+    frequency_subsets,
+    whole_level_start,
+)
 
 __all__ = [
     "Cells",
@@ -15,6 +21,7 @@ __all__ = [
     "build_cells",
     "check_norms",
     "cell_of",
+    "fit_node_vectors",
     "frequency_subsets",
     "kmeans",
     "make_quantizer",

@@ -31,6 +31,7 @@ import math
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .kmeans import check_norms, kmeans, nearest_centroid, training_sample
@@ -45,6 +46,8 @@ _BEAM_CHUNK_BYTES = 8 * 2**20
 # scores per query: on one CPU thread a gathered row costs about as much as 64 scored by a
 # matrix product (measured at D = 64).
 _DENSE_LEVEL_RATIO = 32
+# fit_node_vectors scores its sample queries against every leaf in chunks of about this much.
+_FIT_CHUNK_BYTES = 64 * 2**20
 # The Lloyd steps of a split train on at most this many random points per centroid. faiss uses
 # 256; 1024 raised the beam search's recall of the exact top-10 by 0.03 on clustered tables of
 # 1e5 and 1e6 classes, for 20% more build time.
@@ -997,6 +1000,91 @@ def whole_level_start(tree: ClassTree, beam: int) -> int:
         if sizes[level] <= _DENSE_LEVEL_RATIO * gathered:
             start = level
     return start
+
+
+@torch.no_grad()
+def fit_node_vectors(
+    tree: ClassTree,
+    leaf_vectors: Tensor,
+    queries: Tensor,
+    start: list[Tensor],
+    *,
+    leaf_bias: Tensor | None = None,
+    ridge: float = 1e-3,
+    chunk_size: int | None = None,
+) -> list[Tensor]:
+    """Node vectors fitted to sample queries so that a node's score predicts its best leaf's.
+
+    A node's mean ranks it by its average class, while a top-k search needs it ranked by its
+    best class, and on trained tables (classes of very different norms) the two part: the beam
+    then drops the nodes holding a query's top classes. For every internal node ``n`` this
+    finds ``v_n = s_n + d_n`` minimising, over the sample queries ``z``,
+    ``sum_z (z . v_n - max_{c under n} (z . w_c + b_c))^2 + lam |d_n|^2``: one ridge
+    regression per node, all sharing the Gram matrix ``Z^T Z``, with ``lam = ridge *
+    trace(Z^T Z) / D`` (scale-free; a large ``ridge`` keeps ``s``). Fit on queries drawn like
+    the ones to be served, and measure on others. A node with no finite leaf score (only a
+    ``-inf`` bias, e.g. padding) keeps ``s_n``. Cost: ``Q`` queries against all ``N`` leaves
+    once, in chunks of about 64 MiB of ``[chunk, N]`` scores.
+
+    Args:
+        tree: the class tree.
+        leaf_vectors: ``[N, D]`` class vectors by class id (the leaves' scores are
+            ``z . w_c + b_c``).
+        queries: ``[Q, D]`` sample queries, ``Q >= 1``.
+        start: ``L - 1`` tensors, ``start[l - 1]`` ``[n_l, D]``: the vectors shrunk toward
+            (e.g. the descendant means).
+        leaf_bias: optional ``[N]`` bias ``b_c`` by class id (``-inf`` leaves a class out).
+        ridge: ``> 0``, the shrinkage toward ``start`` relative to the queries' scale.
+        chunk_size: queries per chunk; by default as many as keep ``[chunk, N]`` near 64 MiB.
+
+    Returns:
+        ``L - 1`` fp32 tensors ``[n_l, D]``, in node order: the ``level_vectors[:-1]`` of
+        :func:`beam_search` (``accumulate=False``).
+
+    Raises:
+        ValueError: if a shape does not match, ``Q = 0`` or ``ridge <= 0``.
+    """
+    sizes = tree.level_sizes()
+    if leaf_vectors.dim() != 2 or leaf_vectors.shape[0] != tree.num_classes:
+        raise ValueError(
+            f"leaf_vectors must be [N={tree.num_classes}, D], got {tuple(leaf_vectors.shape)}"
+        )
+    dim = leaf_vectors.shape[1]
+    if queries.dim() != 2 or queries.shape[1] != dim or queries.shape[0] < 1:
+        raise ValueError(f"queries must be [Q >= 1, D={dim}], got {tuple(queries.shape)}")
+    if [tuple(v.shape) for v in start] != [(size, dim) for size in sizes[1:-1]]:
+        raise ValueError(
+            f"start must hold [n_l, {dim}] for the internal levels {sizes[1:-1]}, got "
+            f"{[tuple(v.shape) for v in start]}"
+        )
+    if leaf_bias is not None and tuple(leaf_bias.shape) != (tree.num_classes,):
+        raise ValueError(f"leaf_bias must be [{tree.num_classes}], got {tuple(leaf_bias.shape)}")
+    if not ridge > 0:
+        raise ValueError(f"ridge must be > 0, got {ridge}")
+    z = queries.float()
+    leaves = leaf_vectors.float()[tree.leaf_order]  # by leaf position
+    bias = None if leaf_bias is None else leaf_bias.float()[tree.leaf_order]
+    starts = [v.float() for v in start]
+    rhs = [z.new_zeros(dim, size) for size in sizes[1:-1]]
+    finite = [torch.zeros(size, dtype=torch.bool, device=z.device) for size in sizes[1:-1]]
+    if chunk_size is None:
+        chunk_size = max(1, _FIT_CHUNK_BYTES // (4 * tree.num_classes))
+    for part in z.split(chunk_size):
+        best = part @ leaves.T if bias is None else part @ leaves.T + bias
+        for level in range(tree.depth - 1, 0, -1):  # each level's maxima from its children's
+            branching = tree.branchings[level]
+            padded = F.pad(best, (0, sizes[level] * branching - best.shape[1]), value=-math.inf)
+            best = padded.view(part.shape[0], sizes[level], branching).amax(dim=2)
+            known = best[0].isfinite()  # the same nodes for every query
+            residual = torch.where(known, best - part @ starts[level - 1].T, 0.0)
+            rhs[level - 1] += part.T @ residual
+            finite[level - 1] |= known
+    gram = z.T @ z
+    gram += ridge * gram.diagonal().mean() * torch.eye(dim, device=z.device)
+    return [
+        torch.where(known[:, None], s + torch.linalg.solve(gram, r).T, s)
+        for s, r, known in zip(starts, rhs, finite, strict=True)
+    ]
 
 
 def _gathered_dot(vectors: Tensor, rows: Tensor, z: Tensor) -> Tensor:

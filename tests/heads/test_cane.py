@@ -13,8 +13,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_sampled.callbacks import SamplerDiagnostics
 from lightning_sampled.heads import CaneHead
-from lightning_sampled.heads.cane import REJECTION_ROUNDS
-from lightning_sampled.index.tree import ClassTree, beam_search, whole_level_start
+from lightning_sampled.heads.cane import REJECTION_ROUNDS, descendant_means
+from lightning_sampled.index.tree import (
+    ClassTree,
+    beam_search,
+    fit_node_vectors,
+    whole_level_start,
+)
 from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 PARAMETERIZATIONS = ["flat", "path"]
@@ -366,6 +371,73 @@ def test_beam_topk_starts_where_asked_and_by_default_at_the_whole_level(paramete
         torch.testing.assert_close(values.double(), logits.gather(1, ids), rtol=1e-5, atol=1e-5)
         found[level] = ids
     assert not torch.equal(found[auto], found[0])
+
+
+@pytest.mark.parametrize("parameterization", PARAMETERIZATIONS)
+def test_fit_search_scores_the_nodes_by_fitted_vectors_until_the_next_refresh(parameterization):
+    """After ``fit_search`` the beam runs over :func:`fit_node_vectors` of the class table
+    (path sums under ``"path"``, padding left out of the means and maxima) with flat scores;
+    the found classes keep their exact logits, a beam of N stays exact, a checkpoint keeps the
+    fit and ``refresh_index`` drops it."""
+    n, d = 400, 4
+    head = CaneHead(
+        n, d, 3, 2, branching=3, parameterization=parameterization, bias=True, padding_idx=5
+    )
+    randomize(head)
+    z, sample = torch.randn(30, d), torch.randn(2, 50, d)
+    before = head.beam_topk(z, 5, beam=6)
+    head.fit_search(sample)
+    tree = head.tree
+    table = head.class_table().detach()
+    weights = torch.ones(n)
+    weights[5] = 0.0
+    bias = head._leaf_bias()
+    nodes = fit_node_vectors(
+        tree, table, sample.reshape(-1, d), descendant_means(tree, table, weights), leaf_bias=bias
+    )
+    torch.testing.assert_close(head.search_vectors, torch.cat(nodes), rtol=1e-5, atol=1e-6)
+    values, ids = head.beam_topk(z, 5, beam=6)
+    start = whole_level_start(tree, 6)
+    want = beam_search(tree, z, [*nodes, table], 6, 5, accumulate=False, leaf_bias=bias,
+                       start_level=start)  # fmt: skip
+    torch.testing.assert_close(values, want[0])
+    assert torch.equal(ids, want[1]) and not torch.equal(ids, before[1])
+    torch.testing.assert_close(
+        values.double(), exact_logits(head, z).gather(1, ids), rtol=1e-5, atol=1e-5
+    )
+    exact = head.topk(z, 5)
+    assert torch.equal(head.beam_topk(z, 5, beam=n)[1], exact[1])
+
+    fresh = CaneHead(
+        n, d, 3, 2, branching=3, parameterization=parameterization, bias=True, padding_idx=5
+    )
+    fresh.load_state_dict(head.state_dict())
+    assert torch.equal(fresh.beam_topk(z, 5, beam=6)[1], ids)
+    head.refresh_index()
+    assert not bool(head.search_fitted)
+    values, ids = head.beam_topk(z, 5, beam=6)
+    want = beam_search(head.tree, z, head._level_vectors(head.tree), 6, 5,
+                       accumulate=parameterization == "path", leaf_bias=bias,
+                       start_level=whole_level_start(head.tree, 6))  # fmt: skip
+    assert torch.equal(ids, want[1])
+
+
+def test_a_checkpoint_from_before_fit_search_loads_unfitted():
+    head = randomize(CaneHead(60, 4, 3, 2, branching=3))
+    state = head.state_dict()
+    del state["search_vectors"], state["search_fitted"]
+    other = CaneHead(60, 4, 3, 2, branching=3)
+    other.fit_search(torch.randn(20, 4))
+    other.load_state_dict(state)
+    assert not bool(other.search_fitted)
+    z = torch.randn(8, 4)
+    assert torch.equal(other.beam_topk(z, 3, beam=4)[1], head.beam_topk(z, 3, beam=4)[1])
+
+
+def test_fit_search_refuses_queries_of_another_width():
+    head = CaneHead(60, 4, 3, 2, branching=3)
+    with pytest.raises(ValueError, match="4"):
+        head.fit_search(torch.randn(5, 3))
 
 
 @pytest.mark.parametrize("start", ["leaves", -1, 6, 2.0, True])  # 6: the leaves
