@@ -8,13 +8,17 @@ num_clusters=C)`` with ``C = N / 100`` (``--max-clusters`` caps it; no cap by de
 clusters kept whole, clustered by its default ``clustering="auto"``: one k-means up to
 ``C = 1024``, the two-level (coarse-group-pruned) k-means above, so the 1e6 row uses it; the beam
 search scores internal nodes by their descendants' means, as ``CaneHead(parameterization="flat")``
-does. Each beam runs twice: from the level :func:`~lightning_sampled.index.tree.whole_level_start`
-picks, scored whole (``CaneHead.beam_topk``'s default; the ``start_level`` column), and from the
-root (Algorithm 3, ``from root``). Beside it, on the same table and queries: faiss
-``IndexIVFFlat`` (inner product, ``4 sqrt(N)`` lists) at several ``nprobe`` and
-``IndexHNSWFlat`` (M = 32, inner product) at several ``efSearch``, and the exact top-10 (chunked
-``z @ W.T``, the reference of recall@10 and of the speed-ups). Each method's queries/s is the
-median over ``--repeats`` round-robin rounds after a warm-up; build times are one run.
+does. Each beam runs three searches (``--searches``): from the level
+:func:`~lightning_sampled.index.tree.whole_level_start` picks, scored whole
+(``CaneHead.beam_topk``'s default; the ``start_level`` column); from the root (Algorithm 3,
+``from root``); and from the whole level with node vectors fitted to ``--queries`` other queries
+of the same distribution (:func:`~lightning_sampled.index.tree.fit_node_vectors`, as
+``CaneHead.fit_search``; ``fitted``, whose build time adds the fit's). Beside it, on the same
+table and queries: faiss ``IndexIVFFlat`` (inner product, ``4 sqrt(N)`` lists) at several
+``nprobe`` and ``IndexHNSWFlat`` (M = 32, inner product) at several ``efSearch``, and the exact
+top-10 (chunked ``z @ W.T``, the reference of recall@10 and of the speed-ups). Each method's
+queries/s is the median over ``--repeats`` round-robin rounds after a warm-up; build times are
+one run.
 
 What the start changes: at N = 1e6 the flat clusters hold 98% of a planted cluster's classes,
 and a tree built on the true planted clusters gave the root's search the same recall (0.47 /
@@ -54,7 +58,7 @@ from benchmarks.cane import clustered_table, log, recall, round_robin
 from benchmarks.common import load_average, write_results
 from lightning_sampled.heads import CaneHead, SampledSoftmaxHead
 from lightning_sampled.heads.cane import descendant_means
-from lightning_sampled.index import ClassTree, beam_search, whole_level_start
+from lightning_sampled.index import ClassTree, beam_search, fit_node_vectors, whole_level_start
 from lightning_sampled.index.kmeans import faiss_threads
 from lightning_sampled.samplers import UniformSampler
 
@@ -119,19 +123,23 @@ def _with(target: object, name: str, value: int, index: faiss.Index | None = Non
     return search
 
 
-def planted(num_classes: int, args: argparse.Namespace) -> tuple[Tensor, Tensor]:
-    """``(table [N, D], queries [T, D])``: :func:`benchmarks.cane.clustered_table` and queries
-    that are a random centre plus ``N(0, I)``."""
+def planted(num_classes: int, args: argparse.Namespace) -> tuple[Tensor, Tensor, Tensor]:
+    """``(table [N, D], queries [T, D], fit queries [T, D])``:
+    :func:`benchmarks.cane.clustered_table` and two independent sets of queries, each a random
+    centre plus ``N(0, I)``: the measured ones, and those the fitted search is fitted to."""
     generator = torch.Generator().manual_seed(args.seed)
     table, centres = clustered_table(num_classes, generator)
-    picked = torch.randint(0, centres.shape[0], (args.queries,), generator=generator)
-    return table, centres[picked] + torch.randn(args.queries, DIM, generator=generator)
+    queries = []
+    for _ in range(2):
+        picked = torch.randint(0, centres.shape[0], (args.queries,), generator=generator)
+        queries.append(centres[picked] + torch.randn(args.queries, DIM, generator=generator))
+    return table, *queries
 
 
 def topk_rows(num_classes: int, args: argparse.Namespace) -> list[dict]:
     """The rows of one class count: exact, beam top-k at every beam, IVF and HNSW settings."""
-    table, z = planted(num_classes, args)
-    return compare_topk(table, z, args)
+    table, z, fit_z = planted(num_classes, args)
+    return compare_topk(table, z, args, fit_z)
 
 
 def flat_clusters(num_classes: int, max_clusters: int | None = None) -> int:
@@ -140,26 +148,47 @@ def flat_clusters(num_classes: int, max_clusters: int | None = None) -> int:
     return clusters if max_clusters is None else min(clusters, max_clusters)
 
 
-def compare_topk(table: Tensor, z: Tensor, args: argparse.Namespace) -> list[dict]:
+#: the beam rows' searches: (suffix of the method's name, start, node vectors)
+SEARCHES = {
+    "auto": ("", "auto", "means"),
+    "root": (" from root", "root", "means"),
+    "fitted": (" fitted", "auto", "fitted"),
+}
+
+
+def compare_topk(
+    table: Tensor, z: Tensor, args: argparse.Namespace, fit_z: Tensor | None = None
+) -> list[dict]:
     """The rows of one table ``[N, D]`` and its queries ``z [T, D]``: exact, beam top-k at every
-    ``args.beams``, IVF at every ``args.nprobes`` and HNSW at every ``args.efs`` (also reads
-    ``args.seed``, ``args.max_clusters``, ``args.max_hnsw`` and ``args.repeats``)."""
+    ``args.beams`` for every ``args.searches`` (:data:`SEARCHES`; ``fitted`` fits the node
+    vectors to ``fit_z [T', D]``, other queries than ``z``), IVF at every ``args.nprobes`` and
+    HNSW at every ``args.efs`` (also reads ``args.seed``, ``args.max_clusters``,
+    ``args.max_hnsw`` and ``args.repeats``)."""
     num_classes = table.shape[0]
     clusters = flat_clusters(num_classes, args.max_clusters)
     tree, tree_build = timed_build(
         lambda: ClassTree.from_vectors(table, 10, seed=args.seed, num_clusters=clusters)
     )
-    levels = descendant_means(tree, table, torch.ones(num_classes)) + [table]
+    means = descendant_means(tree, table, torch.ones(num_classes))
     log(f"N={num_classes:.0e}: tree of {clusters} flat clusters in {tree_build:.1f} s")
+    nodes, node_builds = {"means": means}, {"means": tree_build}
+    if "fitted" in args.searches:
+        if fit_z is None:
+            raise ValueError("the fitted search needs fit_z, queries to fit its node vectors to")
+        nodes["fitted"], fit_s = timed_build(lambda: fit_node_vectors(tree, table, fit_z, means))
+        node_builds["fitted"] = tree_build + fit_s
+        log(f"  node vectors fitted to {fit_z.shape[0]} other queries in {fit_s:.1f} s")
     calls: dict[str, Callable[[Tensor], Tensor]] = {"exact": lambda q: exact_topk(table, q)}
-    start_levels = {"exact": ""}
-    for beam, start in itertools.product(args.beams, args.starts):
-        name = f"beam_topk beam={beam}" + (" from root" if start == "root" else "")
+    start_levels, beam_builds = {"exact": ""}, {}
+    for beam, search in itertools.product(args.beams, args.searches):
+        suffix, start, vectors = SEARCHES[search]
+        name = f"beam_topk beam={beam}{suffix}"
         level = whole_level_start(tree, beam) if start == "auto" else 0
-        calls[name] = lambda q, b=beam, s=level: beam_search(
-            tree, q, levels, b, K, accumulate=False, start_level=s
+        calls[name] = lambda q, b=beam, s=level, v=nodes[vectors]: beam_search(
+            tree, q, [*v, table], b, K, accumulate=False, start_level=s
         )[1]
         start_levels[name] = f"{level} of {tree.depth}"
+        beam_builds[name] = node_builds[vectors]
     with faiss_threads(torch.get_num_threads()):
         faiss_calls, builds = faiss_indexes(table, args)
         calls |= faiss_calls
@@ -172,7 +201,7 @@ def compare_topk(table: Tensor, z: Tensor, args: argparse.Namespace) -> list[dic
         median = statistics.median(times[name])
         family = name.split()[0]
         build = {
-            "beam_topk": tree_build,
+            "beam_topk": beam_builds.get(name),
             "IVFFlat": builds.get("ivf"),
             "HNSWFlat": builds.get("hnsw"),
         }
@@ -238,15 +267,21 @@ def targets(rows: list[dict]) -> list[str]:
         return next((r for r in rows if r["num_classes"] == n and r["method"] == method), None)
 
     lines = []
-    for n, floor in ((100_000, 0.9), (1_000_000, 0.8)):
-        row = pick(n, "beam_topk beam=20")
+    for (n, floor), (suffix, search) in itertools.product(
+        ((100_000, 0.9), (1_000_000, 0.8)), (("", "node means"), (" fitted", "fitted"))
+    ):
+        row = pick(n, f"beam_topk beam=20{suffix}")
         value = "not measured" if row is None else f"{row['recall_at_10']:.3f}"
         ok = row is not None and row["recall_at_10"] >= floor
-        lines.append(f"- recall@10 >= {floor} at beam 20, N = {n:,}: {value}: {_met(ok)}")
-    row = pick(1_000_000, "beam_topk beam=20")
-    value = "not measured" if row is None else f"{row['speedup_vs_exact']:.1f}x"
-    ok = row is not None and row["speedup_vs_exact"] >= 10
-    lines.append(f"- beam 20 >= 10x the exact top-k's speed at N = 1,000,000: {value}: {_met(ok)}")
+        lines.append(f"- recall@10 >= {floor} at beam 20, N = {n:,}, {search}: {value}: {_met(ok)}")
+    for suffix, search in (("", "node means"), (" fitted", "fitted")):
+        row = pick(1_000_000, f"beam_topk beam=20{suffix}")
+        value = "not measured" if row is None else f"{row['speedup_vs_exact']:.1f}x"
+        ok = row is not None and row["speedup_vs_exact"] >= 10
+        lines.append(
+            f"- beam 20 >= 10x the exact top-k's speed at N = 1,000,000, {search}: {value}: "
+            f"{_met(ok)}"
+        )
     cane = next((r for r in rows if r["method"].startswith("cane")), None)
     value = "not measured" if cane is None else f"{cane['step_vs_uniform']:.2f}x"
     ok = cane is not None and cane["step_vs_uniform"] <= 1.5
@@ -256,15 +291,17 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
-def add_starts_argument(parser: argparse.ArgumentParser) -> None:
-    """``--starts``: where the beam rows' searches start (read by :func:`compare_topk`)."""
+def add_searches_argument(parser: argparse.ArgumentParser) -> None:
+    """``--searches``: the beam rows' searches (read by :func:`compare_topk`)."""
     parser.add_argument(
-        "--starts",
+        "--searches",
         nargs="+",
-        choices=("auto", "root"),
-        default=["auto", "root"],
-        help="auto: CaneHead.beam_topk's default, the level whole_level_start picks, scored "
-        "whole ('beam_topk beam=J' rows); root: Algorithm 3 ('... from root' rows)",
+        choices=tuple(SEARCHES),
+        default=list(SEARCHES),
+        help="auto: CaneHead.beam_topk's default, from the level whole_level_start picks, scored "
+        "whole, nodes scored by their means ('beam_topk beam=J' rows); root: Algorithm 3 "
+        "('... from root'); fitted: as auto, the node vectors fitted to other queries "
+        "(fit_node_vectors, as CaneHead.fit_search; '... fitted')",
     )
 
 
@@ -276,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=float, nargs="*", default=[1e5, 1e6])
     parser.add_argument("--beams", type=int, nargs="+", default=[10, 20, 50])
-    add_starts_argument(parser)
+    add_searches_argument(parser)
     parser.add_argument("--nprobes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--efs", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--max-hnsw", type=int, default=200_000, help="largest N given HNSW")
