@@ -454,7 +454,10 @@ def header(rows: list[dict], tiny: bool) -> list[str]:
         lines.append(f"- {key}: " + ", ".join(sorted({str(r.get(key, "?")) for r in ok})))
     finished = sorted(r["finished"] for r in ok if r.get("finished"))
     if finished:
-        lines.append(f"- runs finished between {finished[0]} and {finished[-1]}")
+        lines.append(
+            f"- {len(finished)} of {len(ok)} runs record when they finished: between "
+            f"{finished[0]} and {finished[-1]}"
+        )
     tasks = dict.fromkeys(r["task"] for r in ok)
     lines += [
         "- tasks: "

@@ -28,6 +28,7 @@ def section_estimator(inputs: Inputs) -> list[str]:
     lines += [
         "Which convention `SampledSoftmaxHead` defaults to: each cell (task x proposal x "
         "negatives per query or shared) trained under each convention, several seeds, on a GPU "
+        "or, where its task's line says so, on the CPU "
         f"(`{COMMAND}`; how it ran: `recipes/RESULTS.md`, 'The default estimator, cell by "
         "cell'). Source: "
         + inputs.link(grid)

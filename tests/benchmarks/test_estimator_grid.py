@@ -98,6 +98,7 @@ def test_the_report_names_each_convention_s_cells_out(tmp_path):
     assert "- `corrected_all`: 1 of 2; not: sasrec uniform, per query (0.900)" in text
     assert "- commit: c" in text and "- machine: cpu, m" in text
     assert "seeds 0, 1; on m)" in text and "seeds 0; on cpu)" in text  # each task's machine
+    assert "- 5 of 6 runs record when they finished: between 2026-11-27T08:00:00Z and" in text
     assert (tmp_path / "estimator_grid.png").stat().st_size > 0
 
 
