@@ -22,6 +22,8 @@ def main(out_dir: str, ckpt: str | None) -> None:
     state = train(Path(out_dir), "uniform", 0.5, [RNGCheckpoint()], ckpt, devices=2)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         torch.save(state, os.path.join(out_dir, "final.pt"))
+    if torch.distributed.is_initialized():  # gloo's threads end here, not at interpreter exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -111,6 +111,8 @@ def main(out: str, devices: int, epochs: int, head: str, resume: str | None) -> 
         with open(f"{out}.error{rank}.txt", "w") as f:
             f.write(traceback.format_exc())
         raise
+    if torch.distributed.is_initialized():  # gloo's threads end here, not at interpreter exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -184,6 +184,8 @@ def main(out_dir: str, devices: int, reduction: str = "sparse") -> None:
         },
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
+    if torch.distributed.is_initialized():  # gloo's threads end here, not at interpreter exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
