@@ -59,6 +59,7 @@ from ..index.tree import (
     beam_search,
     fit_node_vectors,
     frequency_subsets,
+    parent_index,
     whole_level_start,
 )
 from ..samplers import Sampler, UniformSampler
@@ -165,12 +166,6 @@ def descendant_means(tree: ClassTree, vectors: Tensor, weights: Tensor) -> list[
         counts = counts.new_zeros(sizes[level]).index_add_(0, parent, counts)
         means.append(sums / counts.clamp(min=1.0)[:, None])
     return means[::-1]
-
-
-def parent_index(num_nodes: int, branching: int, device: torch.device) -> Tensor:
-    """Long ``[num_nodes]``: the parent of each node of a level whose parents branch
-    ``branching`` ways (node ``i``'s parent is ``i // branching``)."""
-    return torch.arange(num_nodes, device=device) // branching
 
 
 class CaneHead(ProposalHead):
@@ -450,10 +445,7 @@ class CaneHead(ProposalHead):
         self.search_fitted.fill_(False)  # fitted to the old tree and vectors
         self.tree_leaf_order.copy_(tree.leaf_order)
         self.tree_leaf_position.copy_(tree.leaf_position)
-        weights = torch.ones(self.num_classes, device=table.device)
-        if self.padding_idx is not None:
-            weights[self.padding_idx] = 0.0
-        means = descendant_means(tree, table, weights)
+        means = self._node_means(tree, table)
         if means and self.parameterization == "flat":
             self.node_vectors.copy_(torch.cat(means))
         elif means:
@@ -461,6 +453,14 @@ class CaneHead(ProposalHead):
             ids = torch.arange(self.num_classes, device=table.device)
             self.weight.copy_(table - means[-1].index_select(0, self._leaf_parent(tree, ids)))
         super().refresh_index()
+
+    def _node_means(self, tree: ClassTree, table: Tensor) -> list[Tensor]:
+        """The internal nodes' means of ``table`` ``[N, D]`` (:func:`descendant_means`), the
+        padding class left out."""
+        weights = torch.ones(self.num_classes, device=table.device)
+        if self.padding_idx is not None:
+            weights[self.padding_idx] = 0.0
+        return descendant_means(tree, table, weights)
 
     def _level_vectors(self, tree: ClassTree) -> list[Tensor]:
         """The beam search's per-level vectors: internal levels by node, leaves by class id."""
@@ -536,14 +536,11 @@ class CaneHead(ProposalHead):
         self._check_z(queries)
         tree = self._search_tree()
         table = self.class_table().detach()
-        weights = torch.ones(self.num_classes, device=table.device)
-        if self.padding_idx is not None:
-            weights[self.padding_idx] = 0.0
         fitted = fit_node_vectors(
             tree,
             table,
             self.score_queries(queries.reshape(-1, self.dim)).detach(),
-            descendant_means(tree, table.float(), weights),
+            self._node_means(tree, table.float()),
             leaf_bias=self._leaf_bias(),
             ridge=ridge,
         )

@@ -942,12 +942,14 @@ def _beam_search_chunk(
     queries = z.shape[0]
     z = z.float()
     scores = torch.zeros(queries, 1, device=z.device)
-    above = zip(tree.branchings[:start_level], level_vectors[:start_level], strict=True)
-    for branching, vectors in above:
-        whole = z @ vectors.float().T  # every node of the levels down to the start
-        if accumulate:
-            whole += scores[:, torch.arange(vectors.shape[0], device=z.device) // branching]
-        scores = whole
+    if start_level:  # every node of the start level; path sums also need the levels above it
+        for level in range(1 if accumulate else start_level, start_level + 1):
+            vectors = level_vectors[level - 1]
+            whole = z @ vectors.float().T
+            if accumulate:
+                parent = parent_index(vectors.shape[0], tree.branchings[level - 1], z.device)
+                whole += scores[:, parent]
+            scores = whole
     nodes = torch.zeros(queries, 1, dtype=torch.long, device=z.device)
     if start_level > 0:
         scores, nodes = scores.topk(min(beam, scores.shape[1]), dim=1)
@@ -973,6 +975,12 @@ def _beam_search_chunk(
         nodes = children.gather(1, best)
         exists = exists.gather(1, best)
     return scores, nodes
+
+
+def parent_index(num_nodes: int, branching: int, device: torch.device) -> Tensor:
+    """Long ``[num_nodes]``: the parent of each node of a level whose parents branch
+    ``branching`` ways (node ``i``'s parent is ``i // branching``)."""
+    return torch.arange(num_nodes, device=device) // branching
 
 
 def whole_level_start(tree: ClassTree, beam: int) -> int:
