@@ -8,7 +8,8 @@ large-catalog heads, one epoch over the first :data:`GCIDE_STEPS` training windo
 with the proposals ``uniform``, ``unigram`` and ``midx_rq`` (``recipes/configs/heads/<name>.yaml``)
 drawn per query, and ``uniform`` and ``unigram`` shared by the batch (``shared_negatives=True``;
 MIDX's proposal depends on the query, so it has no shared form). Every sampled cell trains under
-each of ``--conventions`` (``SampledSoftmaxHead(convention=...)``); each task also trains the full
+each of ``--conventions`` (:data:`CONFIGURATIONS`: ``SampledSoftmaxHead(convention=...)``, and
+``corrected_all+batch``, the same with ``in_batch_negatives=True``); each task also trains the full
 softmax and CANE (``cane.yaml``; on the language models 4 beam candidates and 16 noises, as
 Table 4's row), for reference. Each run validates exactly after every epoch (GCIDE: every 500
 steps, on the recipe's first 10,000 validation tokens; perplexity over the whole vocabulary,
@@ -107,6 +108,15 @@ CELLS = (
     ("uniform", True),
     ("unigram", True),
 )
+#: the head configurations a sampled cell can train (``--conventions``): a convention, or
+#: ``corrected_all`` with the batch's other targets as further negatives (mixed negatives,
+#: ``in_batch_negatives=True``), the candidate default of issue 31
+CONFIGURATIONS = {
+    "exact_positive": {"convention": "exact_positive"},
+    "corrected_all": {"convention": "corrected_all"},
+    "corrected_all+batch": {"convention": "corrected_all", "in_batch_negatives": True},
+}
+#: the configurations trained by default
 CONVENTIONS = ("exact_positive", "corrected_all")
 REFERENCES = ("full", "cane")
 
@@ -290,9 +300,10 @@ def runs(
     conventions: list[str],
     seeds: list[int],
     references: tuple[str, ...] | list[str] = REFERENCES,
+    cells: tuple[tuple[str, bool], ...] = CELLS,
 ) -> list[Run]:
     """Every run, seed by seed, the language models (the longest runs) first within a seed;
-    ``references`` are the reference methods trained beside the cells."""
+    ``references`` are the reference methods trained beside the ``cells`` (of :data:`CELLS`)."""
     order = sorted(tasks, key=lambda t: t not in LANGUAGE_MODELS)
     plan = []
     for seed in seeds:
@@ -300,7 +311,7 @@ def runs(
             plan += [Run(task, method, seed) for method in references]
             plan += [
                 Run(task, proposal, seed, shared, convention)
-                for proposal, shared in CELLS
+                for proposal, shared in cells
                 for convention in conventions
             ]
     return plan
@@ -314,7 +325,7 @@ def method_of(run: Run) -> Method:
         options.update(
             num_negatives=TASKS[run.task]["negatives"],
             shared_negatives=run.shared,
-            convention=run.convention,
+            **CONFIGURATIONS[run.convention],
         )
     elif run.method == "cane" and run.task in LANGUAGE_MODELS:
         options.update(LM_CANE)
@@ -610,7 +621,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    parser.add_argument("--conventions", nargs="+", default=list(CONVENTIONS))
+    parser.add_argument(
+        "--conventions", nargs="+", default=list(CONVENTIONS), choices=list(CONFIGURATIONS)
+    )
     parser.add_argument(
         "--references",
         nargs="*",
@@ -618,6 +631,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=REFERENCES,
         help="the reference methods to train (none: only the sampled cells; GCIDE's full "
         "softmax takes about 4 s a step on one CPU thread)",
+    )
+    parser.add_argument(
+        "--cells",
+        nargs="+",
+        default=[cell_name(*c) for c in CELLS],
+        choices=[cell_name(*c) for c in CELLS],
+        help='the sampled cells to train, by name (e.g. "uniform, per query"); all by default',
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2, help="runs at once")
@@ -654,7 +674,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.resume and csv_path.is_file():
         rows = [r for r in read_rows(csv_path) if r["status"] == "ok"]
     done = done_runs(rows)
-    plan = runs(args.tasks, args.conventions, args.seeds, args.references)
+    cells = tuple(c for c in CELLS if cell_name(*c) in args.cells)
+    plan = runs(args.tasks, args.conventions, args.seeds, args.references, cells)
     plan = [run for run in plan if run not in done]
     print(f"estimator_grid: {len(plan)} runs to do, {len(done)} done before", flush=True)
     begin = time.perf_counter()

@@ -9,8 +9,10 @@ import torch
 from benchmarks.estimator_grid import (
     CELLS,
     REFERENCES,
+    Run,
     done_runs,
     history_batches,
+    method_of,
     read_rows,
     report,
     runs,
@@ -28,6 +30,17 @@ def test_the_plan_runs_every_cell_and_convention_seed_by_seed_and_midx_only_per_
     assert len(set(plan)) == len(plan)
     only_cells = runs(["gcide"], ["corrected_all"], [0], references=[])
     assert len(only_cells) == len(CELLS) and all(r.convention for r in only_cells)
+
+
+def test_a_cell_subset_and_the_mixed_configuration_reach_the_head():
+    plan = runs(["gru4rec"], ["corrected_all+batch"], [0, 1], [], cells=(("uniform", False),))
+    assert plan == [Run("gru4rec", "uniform", s, False, "corrected_all+batch") for s in (0, 1)]
+    head = method_of(plan[0]).head(num_classes=50, dim=8)
+    assert head.in_batch_negatives and head.convention == "corrected_all"
+    assert head.num_negatives == 100 and not head.shared_negatives
+    plain = method_of(Run("ptb", "unigram", 0, True, "exact_positive")).head(num_classes=50, dim=8)
+    assert not plain.in_batch_negatives and plain.convention == "exact_positive"
+    assert plain.num_negatives == 20 and plain.shared_negatives
 
 
 def test_history_batches_left_pad_the_inputs_and_exclude_every_seen_item():

@@ -98,12 +98,23 @@ def test_targets_say_met_not_met_and_not_measured():
     assert lc.targets(table, [0, 1])[1].startswith("- met: midx_rq")
 
 
+def test_reaching_lists_every_method_measured_on_every_seed():
+    table = rows(full__x__0=0.5, full__x__1=0.5, in_batch__c__0=0.49, in_batch__c__1=0.48)
+    table += rows(uniform__c__0=0.49, uniform__c__1=0.45, midx_rq__c__0=0.5)
+    lc.add_ratios(table)
+    lines = lc.reaching(table, [0, 1])
+    assert lines == [
+        "- in_batch, c: reaches 0.95x on every seed (ratios 0.980, 0.960)",
+        "- uniform, c: does not reach 0.95x on every seed (ratios 0.980, 0.900)",
+    ]
+
+
 def test_main_at_tiny_sizes(tmp_path):
     argv = ["--out", str(tmp_path), "--seeds", "0", "1", "--classes", "2000", "--clusters", "20"]
     argv += ["--steps", "50", "--batch", "64", "--eval", "500", "--lr", "1e-2"]
     argv += ["--conventions", "exact_positive", "corrected_all", "--codebook-size", "8"]
     result = lc.main(argv)
-    assert len(result) == 2 * (1 + 3 * 2)  # full, then uniform, midx_rq and mixed x 2 conventions
+    assert len(result) == 2 * (1 + 6 * 2)  # full, then the six sampled methods x 2 conventions
     with (tmp_path / "large_catalog.csv").open() as f:
         written = list(csv.DictReader(f))
     assert len(written) == len(result) and {"machine", "torch", "commit"} <= written[0].keys()
@@ -112,15 +123,24 @@ def test_main_at_tiny_sizes(tmp_path):
         full = next(r for r in mine if r["method"] == "full")
         for row in mine:
             assert row["ratio_to_full"] == pytest.approx(row["ndcg@10"] / full["ndcg@10"])
-        midx = [r for r in mine if r["method"] == "midx_rq"]
-        assert [r["refreshes"] for r in midx] == [1, 1]  # before step 0; step 50 never comes
+        midx = [r for r in mine if r["method"] in ("midx_rq", "mixed_midx")]
+        assert [r["refreshes"] for r in midx] == [1] * 4  # before step 0; step 50 never comes
+        assert {r["negatives"] for r in mine if r["method"] == "in_batch"} == {0}
     problem = lc.Problem(num_classes=2000, num_clusters=20)
     data = lc.make_data(problem, 0, 50, 64, 500)
     encoder = lc.make_encoder(problem.dim)
     encoder.load_state_dict(data.encoder_state)
-    mixed = lc.make_head(lc.Run("mixed", "corrected_all", 10, 8, None), 2000, 64, data.table, 0)
+    counts = torch.bincount(data.train_y.reshape(-1), minlength=2000)
+    mixed = lc.make_head(lc.Run("mixed", "corrected_all", 10, 8, None), counts, 64, data.table, 0)
     assert mixed.in_batch_negatives and isinstance(mixed.sampler, lc.UniformSampler)
-    head = lc.make_head(lc.Run("full", "", 100, 8, None), 2000, problem.dim, data.table, 0)
+    run = lc.Run("frequency", "corrected_all", 10, 8, None)
+    frequency = lc.make_head(run, counts, 64, data.table, 0).sampler
+    seen = torch.tensor([int(counts.argmax()), int((counts == 0).nonzero()[0, 0])])
+    # the most frequent target: its count's share of 95%, plus 5% / N; an unseen one 5% / N
+    expected = lc.FREQUENCY_SHARE * counts[seen].double() / counts.sum() + 0.05 / 2000
+    got = frequency.log_prob(torch.zeros(1, 64), seen).exp().double()
+    assert torch.allclose(got, expected, rtol=1e-4)
+    head = lc.make_head(lc.Run("full", "", 100, 8, None), counts, problem.dim, data.table, 0)
     untrained = lc.ndcg_at_10(encoder, head, data.eval_x, data.eval_y)
     full0 = next(r for r in result if r["seed"] == 0 and r["method"] == "full")
     assert full0["ndcg@10"] > max(3 * untrained, 0.1)
