@@ -2,7 +2,9 @@
 
 Reads ``benchmarks/results/estimator_grid/estimator_grid.md``, written with its CSV and plot by
 ``python -m benchmarks.estimator_grid`` (on a GPU machine) or ``--report`` (from the CSV), and
-carries its provenance, tables and verdicts over unchanged.
+carries its provenance, tables and verdicts over unchanged; then the large catalog's levers
+(issue 31, item 4: ``benchmarks/results/large_catalog_levers*/large_catalog.md``, written by
+``python -m benchmarks.large_catalog``), carried the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ from .common import Inputs, not_measured
 COMMAND = (
     "python -m benchmarks.estimator_grid --data .gpu_data --out benchmarks/results/estimator_grid"
 )
+#: the large catalog's runs of the levers: 100 negatives per query, then 355
+LEVERS = ("large_catalog_levers", "large_catalog_levers_355")
+LEVERS_COMMAND = (
+    "OMP_NUM_THREADS=1 python -m benchmarks.large_catalog --out benchmarks/results/"
+    "large_catalog_levers --methods full uniform midx_rq mixed frequency in_batch mixed_midx "
+    "--conventions corrected_all"
+)
 
 
 def section_estimator(inputs: Inputs) -> list[str]:
@@ -20,7 +29,7 @@ def section_estimator(inputs: Inputs) -> list[str]:
     lines = ["## 10. The default estimator convention, cell by cell (issue 31)", ""]
     grid = folder / "estimator_grid.md"
     if not grid.is_file():
-        return [*lines, *not_measured("the grid of conventions", COMMAND)]
+        return [*lines, *not_measured("the grid of conventions", COMMAND), *levers_part(inputs)]
     text = grid.read_text().splitlines()
     first_table = next(i for i, line in enumerate(text) if line.startswith("### "))
     provenance = [line for line in text[:first_table] if line.startswith("- ")]
@@ -42,4 +51,31 @@ def section_estimator(inputs: Inputs) -> list[str]:
         "",
         *inputs.plots(folder / "estimator_grid.png"),
     ]
+    return lines + levers_part(inputs)
+
+
+def levers_part(inputs: Inputs) -> list[str]:
+    """The large catalog's levers: each run's setup, table and verdicts, headings demoted."""
+    lines = ["### Large catalog at equal steps: what closes the gap (issue 31, item 4)", ""]
+    pages = [inputs.benchmarks / name / "large_catalog.md" for name in LEVERS]
+    pages = [page for page in pages if page.is_file()]
+    if not pages:
+        return [*lines, *not_measured("the large catalog's levers", LEVERS_COMMAND)]
+    lines += [
+        "200,000 clustered classes with Zipfian targets, 300 steps of 256: each sampled "
+        "configuration's exact NDCG@10 as a ratio to the full softmax's of the same seed "
+        f"(`{LEVERS_COMMAND}`, and the same with `--negatives 355`; `recipes/RESULTS.md`, "
+        "'What closes the large catalog's gap'). Sources: "
+        + ", ".join(inputs.link(page) for page in pages)
+        + ".",
+        "",
+    ]
+    for page in pages:
+        text = page.read_text().splitlines()
+        lines += [f"#### {page.parent.name}", ""]
+        lines += [
+            line.replace("## ", "##### ", 1) if line.startswith("## ") else line
+            for line in text[1:]
+        ]
+        lines.append("")
     return lines

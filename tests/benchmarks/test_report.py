@@ -454,3 +454,32 @@ def test_serving_section_carries_each_top_k_benchmark_through_its_load_line(dirs
     assert "Not measured yet: " in trained and "benchmarks.cane_topk_trained" in trained
     written = dirs.out.read_text()
     assert written.count("(cane_topk.md)") == serving.count("(cane_topk.md)")  # not in "Other"
+
+
+def test_estimator_section_carries_the_large_catalog_levers_with_demoted_headings(dirs):
+    args = [f"--benchmarks={dirs.benchmarks}", f"--recipes={dirs.recipes}"]
+    args.append(f"--results-md={dirs.results_md}")
+    report.main(args)
+    assert "Not measured yet: the large catalog's levers" in section(dirs.out.read_text(), "10.")
+    page = [
+        "# Large catalog at equal steps (issue 31, item 4)",
+        "",
+        "- machine: box",
+        "",
+        "| method | convention | mean ratio to full |",
+        "|---|---|---|",
+        "| in_batch | corrected_all | 1.008 |",
+        "",
+        "## Every configuration against the target",
+        "",
+        "- in_batch, corrected_all: reaches 0.95x on every seed (ratios 1.014)",
+    ]
+    (dirs.benchmarks / "large_catalog_levers").mkdir()
+    (dirs.benchmarks / "large_catalog_levers" / "large_catalog.md").write_text("\n".join(page))
+    report.main(args)
+    levers = section(dirs.out.read_text(), "10.").split("### Large catalog at equal steps")[1]
+    assert row(levers, "in_batch", "corrected_all") == "| in_batch | corrected_all | 1.008 |"
+    assert "##### Every configuration against the target" in levers
+    assert "# Large catalog at equal steps (issue 31" not in levers  # the page's own title
+    assert "[large_catalog.md](large_catalog_levers/large_catalog.md)" in levers
+    assert "Not measured yet" not in levers
