@@ -53,10 +53,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .._validation import check_int, check_positive_int
+from .._validation import check_async, check_int, check_positive_int
 from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
-from .in_batch import batch_candidates, in_batch_logits, log_mixture_size
+from .in_batch import CANDIDATE_METHODS, batch_candidates, in_batch_logits, log_mixture_size
 from .inputs import given_negatives, nothing_scored, reduce_losses
 from .losses import (
     check_convention,
@@ -72,12 +72,15 @@ from .stratified import stratified_losses, stratum_size
 
 
 class BatchProposal(NamedTuple):
-    """In-batch negatives' proposal for one batch: ``q_b``, the draws per query (``T - 1``) and
-    the batch's targets (long ``[T]``), which floor ``q_b`` (:meth:`TargetFrequency.log_prob`)."""
+    """In-batch negatives' proposal for one batch: ``q_b``, the draws per query (``T - 1``, a
+    long scalar tensor where ``mask`` is given) and the batch's targets (long ``[T]``), which
+    floor ``q_b`` (:meth:`TargetFrequency.log_prob`), but those ``mask`` (bool ``[T]``, or
+    ``None``) leaves out."""
 
     frequency: TargetFrequency
-    num_draws: int
+    num_draws: int | Tensor
     targets: Tensor
+    mask: Tensor | None
 
 
 class SampledSoftmaxHead(ProposalHead):
@@ -116,6 +119,12 @@ class SampledSoftmaxHead(ProposalHead):
             independent draws; positions of one sequence are not quite.
         target_counts: optional ``[N]`` training counts of the targets, fixing ``q_b``.
         frequency_decay: the weight of the newest step in the estimate of ``q_b``.
+        in_batch_candidates: how the batch's distinct targets are found
+            (:func:`~lightning_sampled.heads.in_batch.batch_candidates`): ``"auto"`` sorts them
+            in fixed shapes on a GPU and under ``torch.compile`` up to
+            :data:`~lightning_sampled.heads.in_batch.FIXED_SHAPE_POSITIONS` positions (no host
+            sync, no graph break) and uses ``torch.unique`` elsewhere; ``"sorted"`` or
+            ``"distinct"`` force one (over a split table the candidates are always distinct).
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
@@ -137,6 +146,7 @@ class SampledSoftmaxHead(ProposalHead):
         in_batch_negatives: bool = False,
         target_counts: Tensor | None = None,
         frequency_decay: float = 0.01,
+        in_batch_candidates: str = "auto",
         **options: Any,
     ) -> None:
         super().__init__(num_classes, dim, sampler, **options)
@@ -145,6 +155,12 @@ class SampledSoftmaxHead(ProposalHead):
         if not isinstance(in_batch_negatives, bool):
             raise ValueError(f"in_batch_negatives must be a bool, got {in_batch_negatives!r}")
         self.in_batch_negatives = in_batch_negatives
+        if in_batch_candidates not in CANDIDATE_METHODS:
+            raise ValueError(
+                f"in_batch_candidates must be one of {CANDIDATE_METHODS}, got "
+                f"{in_batch_candidates!r}"
+            )
+        self.in_batch_candidates = in_batch_candidates
         if in_batch_negatives:
             self.num_negatives = check_int("num_negatives", num_negatives)
             if num_negatives < 0:
@@ -225,7 +241,7 @@ class SampledSoftmaxHead(ProposalHead):
                     "negative_log_q, target_log_q and num_hard_negatives go with negatives="
                 )
             if positives is None:
-                return super().forward(z, target, sample_weight, reduction=reduction)
+                return self.objective(z, target, sample_weight, reduction, self._drawn_losses)
         if positives is not None:
             return self._several_positives_objective(
                 z, target, sample_weight, reduction, positives, negatives,
@@ -303,9 +319,10 @@ class SampledSoftmaxHead(ProposalHead):
         )
         return reduce_losses(losses, weights, kept.mask, reduction, z, self.proposal_loss(queries))
 
-    def sampled_logits(self, z: Tensor, target: Tensor) -> Tensor:
+    def sampled_logits(self, z: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         """Corrected logits ``[T, 1 + C]`` of the scored positions: column 0 is the positive,
-        then the ``M`` draws and, with ``in_batch_negatives``, the batch's distinct targets.
+        then the ``M`` draws and, with ``in_batch_negatives``, the batch's distinct targets
+        (:func:`~lightning_sampled.heads.in_batch.batch_candidates`).
 
         With ``in_batch_negatives``, a call in training mode counts ``target`` into ``q_b``.
 
@@ -313,8 +330,11 @@ class SampledSoftmaxHead(ProposalHead):
             z: ``[T, D]`` scored queries of the valid positions (:meth:`_valid_rows`); the
                 sampler sees them detached.
             target: long ``[T]`` their targets.
+            mask: bool ``[T]`` or ``None``: with ``in_batch_negatives``, the positions whose
+                targets are candidates and draws (the others: ignored positions kept, with a
+                stand-in target, for static shapes).
         """
-        batch = self.batch_proposal(target) if self.in_batch_negatives else None
+        batch = self.batch_proposal(target, mask) if self.in_batch_negatives else None
         if self.num_negatives == 0:
             pos, pos_log_q, columns = None, None, []
         else:
@@ -322,7 +342,7 @@ class SampledSoftmaxHead(ProposalHead):
             pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
             columns = [self._corrected(neg, draw.ids, draw.log_q, target, batch)]
         if batch is not None:
-            candidates = batch_candidates(target)
+            candidates = batch_candidates(target, mask, self.in_batch_candidates)
             ids = candidates.ids
             if pos is None:
                 pos, neg = self.target_and_candidate_logits(z, target, ids)
@@ -335,7 +355,10 @@ class SampledSoftmaxHead(ProposalHead):
             log_size = self.log_size(ids, log_q, batch)
             columns.append(in_batch_logits(neg, log_size, candidates, self.removes_accidental_hits))
         if self.corrects_positive:
-            pos = pos - self.log_size(target, pos_log_q, batch)
+            log_size = self.log_size(target, pos_log_q, batch)
+            if mask is not None:  # a left-out position's stand-in may have q_b = 0: keep it finite
+                log_size = log_size.where(mask, 0.0)
+            pos = pos - log_size
         return torch.cat([pos[:, None], *columns], dim=1)
 
     def _draw(self, z: Tensor, target: Tensor) -> tuple[Sample, Tensor | None]:
@@ -350,23 +373,31 @@ class SampledSoftmaxHead(ProposalHead):
             draw, log_q = self.sampler.sample_and_score(z, m, ids, shared=shared)
         return draw, log_q.view(target.shape)
 
-    def batch_proposal(self, target: Tensor) -> BatchProposal:
+    def batch_proposal(self, target: Tensor, mask: Tensor | None = None) -> BatchProposal:
         """The in-batch proposal of a batch of targets ``[T]`` (over a split table, every
-        rank's targets: ``q_b`` is kept for every class on every rank, alike), counted into
-        ``q_b`` in training mode. Before any training step (e.g. Lightning's validation sanity
-        check) the estimate is the batch's own target frequencies."""
-        if self.num_negatives == 0 and target.numel() < 2:
-            raise ValueError(
+        rank's targets: ``q_b`` is kept for every class on every rank, alike) but those
+        ``mask`` (bool ``[T]``) leaves out, counted into ``q_b`` in training mode. Before any
+        training step (e.g. Lightning's validation sanity check) the estimate is the batch's
+        own target frequencies."""
+        scored = target.numel() if mask is None else mask.sum()
+        if self.num_negatives == 0:
+            # a mask (static shapes) may leave every position out: then nothing is scored
+            enough = scored >= 2 if mask is None else scored != 1
+            check_async(
+                torch.as_tensor(enough),
                 "in_batch_negatives with num_negatives=0 needs at least two scored positions "
-                f"(the others' targets are the negatives), got {target.numel()}"
+                "(the others' targets are the negatives)",
             )
         frequency = self.target_frequency
         if self.training:  # counted now, so ready without reading it back (a host sync)
-            frequency.update(target)
+            frequency.update(target, mask)
         elif not frequency.ready:
-            counts = torch.bincount(target, minlength=self.num_classes)
+            weights = None if mask is None else mask.double()
+            counts = torch.bincount(target, weights=weights, minlength=self.num_classes)
             frequency = TargetFrequency(self.num_classes, counts=counts)
-        return BatchProposal(frequency, target.numel() - 1, target)
+        # no draw at all where no position is scored (static shapes: every one left out)
+        draws = scored - 1 if mask is None else (scored - 1).clamp(min=0)
+        return BatchProposal(frequency, draws, target, mask)
 
     def log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
         """``log(M q(ids))``, or with in-batch negatives the mixture's
@@ -378,7 +409,7 @@ class SampledSoftmaxHead(ProposalHead):
         if batch is None:
             return math.log(m) + log_q
         global_ids = self.shard_map.global_ids(ids) if self.is_split else ids
-        log_q_batch = batch.frequency.log_prob(global_ids, batch.targets)
+        log_q_batch = batch.frequency.log_prob(global_ids, batch.targets, batch.mask)
         return log_mixture_size(log_q, m, log_q_batch, batch.num_draws)
 
     def _corrected(
@@ -404,23 +435,38 @@ class SampledSoftmaxHead(ProposalHead):
         """Whether negatives equal to the target get ``-inf`` (all but ``"corrected_all"``)."""
         return removes_accidental_hits(self.convention)
 
-    def sampled_losses(self, queries: Tensor, target: Tensor) -> Tensor:
+    def sampled_losses(self, queries: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         """Cross-entropy ``[T]`` of each positive among the corrected logits of
         :meth:`sampled_logits` (over a split table: of its stratified form,
-        :func:`~lightning_sampled.heads.stratified.stratified_losses`)."""
+        :func:`~lightning_sampled.heads.stratified.stratified_losses`); ``mask`` as there."""
         if self.is_split:
             return stratified_losses(self, queries, target)
-        return softmax_losses(self.sampled_logits(queries, target))
+        return softmax_losses(self.sampled_logits(queries, target, mask))
+
+    def _drawn_losses(self, queries: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+        """:meth:`sampled_losses` of the scored positions of :meth:`objective`: where it keeps
+        the ignored ones for static shapes (one entry of ``mask`` per query), their stand-in
+        targets are left out of the batch's candidates."""
+        static = self.in_batch_negatives and mask.numel() == target.numel()
+        return self.sampled_losses(queries, target, mask.reshape(-1) if static else None)
 
     def scores_positions_apart(self) -> bool:
         """As :meth:`ProposalHead.scores_positions_apart`, and not with ``in_batch_negatives``
-        (the ignored positions' targets would join the candidates)."""
-        return super().scores_positions_apart() and not self.in_batch_negatives
+        over a split table (its candidates are found by :mod:`.stratified`, which drops the
+        ignored positions). On a whole table the in-batch candidates leave the ignored
+        positions out by their mask (:meth:`_drawn_losses`)."""
+        split_batch = self.in_batch_negatives and self.is_split
+        return super().scores_positions_apart() and not split_batch
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
             f"in_batch_negatives={self.in_batch_negatives}, "
-            f"shared_negatives={self.shared_negatives}, convention={self.convention!r}"
+            + (
+                f"in_batch_candidates={self.in_batch_candidates!r}, "
+                if self.in_batch_negatives
+                else ""
+            )
+            + f"shared_negatives={self.shared_negatives}, convention={self.convention!r}"
             + (f", num_local_negatives={self.num_local_negatives}" if self.is_split else "")
         )

@@ -36,7 +36,7 @@ from torch import Tensor
 from ..samplers import Sampler
 from ..sharding import ShardMap
 from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
-from .in_batch import BatchCandidates, batch_candidates, in_batch_logits
+from .in_batch import BatchCandidates, distinct_candidates, in_batch_logits
 
 if TYPE_CHECKING:
     from .sampled import SampledSoftmaxHead
@@ -118,7 +118,7 @@ def held_candidates(targets: Tensor, shard_map: ShardMap) -> BatchCandidates:
     """The distinct targets of every rank's batch (global ``targets`` ``[T]``) that this rank
     holds, with their multiplicities; ``column`` is ``-1`` for a position whose own target is
     held elsewhere (:func:`~lightning_sampled.heads.in_batch.in_batch_logits` then leaves it)."""
-    every = batch_candidates(targets)
+    every = distinct_candidates(targets)
     held = shard_map.owner(every.ids) == shard_map.rank
     index = torch.cumsum(held, dim=0) - 1
     column = torch.where(held[every.column], index[every.column], -1)

@@ -66,23 +66,26 @@ class TargetFrequency(nn.Module):
         self.last_step = torch.cat([self.last_step, self.last_step.new_zeros(num_new)])
 
     @torch.no_grad()
-    def update(self, targets: Tensor) -> None:
-        """Counts one step's targets (long ``[T]``, class ids; nothing to skip in them).
+    def update(self, targets: Tensor, mask: Tensor | None = None) -> None:
+        """Counts one step's targets (long ``[T]``, class ids), or those of them that ``mask``
+        (bool ``[T]``) keeps: the others (stand-ins of ignored positions) count for nothing.
 
         No host sync: every target writes its class's new count (the same value for repeated
-        classes), with its number of occurrences found by a sort of the ``T`` targets."""
+        classes), with its number of occurrences found by a sort of the ``T`` targets. A
+        left-out target's class gets its count decayed to this step, which leaves ``q_b`` as
+        it was."""
         if self.fixed:
             return
         check_class_ids("targets", targets, self.num_classes)
         self.step += 1
         keep = 1.0 - self.decay
         ids = targets.reshape(-1).to(self.count.device)
-        occurrences = occurrences_in(ids, ids)
+        occurrences = occurrences_in(counted(ids, mask, self.num_classes), ids)
         stale = (self.step - self.last_step.index_select(0, ids)).double()
         decayed = self.count.index_select(0, ids) * keep**stale
         self.count.index_put_((ids,), decayed + self.decay * occurrences.double())
         self.last_step.index_put_((ids,), self.step.expand(ids.shape))
-        self.total.mul_(keep).add_(self.decay * targets.numel())
+        self.total.mul_(keep).add_(self.decay * number_of(ids, mask))
 
     @property
     def ready(self) -> bool:
@@ -90,11 +93,14 @@ class TargetFrequency(nn.Module):
         ``total`` back: a host sync)."""
         return float(self.total) > 0.0
 
-    def log_prob(self, ids: Tensor, batch: Tensor | None = None) -> Tensor:
+    def log_prob(
+        self, ids: Tensor, batch: Tensor | None = None, batch_mask: Tensor | None = None
+    ) -> Tensor:
         """``log q_b`` (fp32) of class ids of any shape; ``-inf`` for a class not seen yet.
 
         ``batch``, the targets drawn from ``q_b`` now (those that serve as in-batch
-        negatives), floors the estimate of the classes in it, so that none gets ``q_b = 0``,
+        negatives; with ``batch_mask``, bool of ``batch``'s shape, only those it keeps), floors
+        the estimate of the classes in it, so that none gets ``q_b = 0``,
         whose correction ``-log((T - 1) q_b)`` is an infinite logit (a class missing from fixed
         ``counts``, one seen only in evaluation, one whose estimate decayed to nothing). A class
         found ``n_j`` times among the batch's ``T`` targets gets its share once they are counted,
@@ -128,25 +134,45 @@ class TargetFrequency(nn.Module):
             count = count * (1.0 - self.decay) ** stale
         log_q = count.log() - self.total.log()
         if batch is not None:
-            log_q = self._log_floor(flat, batch, log_q)
+            log_q = self._log_floor(flat, batch, batch_mask, log_q)
         return log_q.float().view(ids.shape)
 
-    def _log_floor(self, ids: Tensor, batch: Tensor, log_q: Tensor) -> Tensor:
-        """``log q_b`` fp64 of flat ``ids`` with the floor of :meth:`log_prob` from ``batch``."""
+    def _log_floor(
+        self, ids: Tensor, batch: Tensor, batch_mask: Tensor | None, log_q: Tensor
+    ) -> Tensor:
+        """``log q_b`` fp64 of flat ``ids`` with the floor of :meth:`log_prob` from ``batch``
+        (the targets ``batch_mask`` keeps)."""
         check_class_ids("batch", batch, self.num_classes)
         targets = batch.reshape(-1).to(self.count.device)
-        found = occurrences_in(targets, ids)
+        found = occurrences_in(counted(targets, batch_mask, self.num_classes), ids)
         if self.fixed:
             weight = self.count.masked_fill(self.count == 0, torch.inf).amin()
         else:
             weight = torch.tensor(self.decay, dtype=torch.float64, device=self.count.device)
-        floor = (weight * found).log() - (self.total + weight * targets.numel()).log()
+        seen = self.total + weight * number_of(targets, batch_mask)
+        floor = (weight * found).log() - seen.log()
         if self.fixed:
             return torch.where(self.count.index_select(0, ids) == 0, floor, log_q)
         return torch.maximum(log_q, floor)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, decay={self.decay}, fixed={self.fixed}"
+
+
+def counted(targets: Tensor, mask: Tensor | None, num_classes: int) -> Tensor:
+    """``targets`` (long ``[T]``) with the positions ``mask`` (bool, ``T`` entries) leaves out
+    set to ``num_classes``, above every class: no class finds them."""
+    if mask is None:
+        return targets
+    return targets.where(mask.reshape(-1).to(targets.device), num_classes)
+
+
+def number_of(targets: Tensor, mask: Tensor | None) -> int | Tensor:
+    """How many of ``targets`` count: all of them, or the fp64 number ``mask`` keeps (a scalar
+    tensor, no host sync)."""
+    if mask is None:
+        return targets.numel()
+    return mask.sum(dtype=torch.float64).to(targets.device)
 
 
 def occurrences_in(targets: Tensor, ids: Tensor) -> Tensor:

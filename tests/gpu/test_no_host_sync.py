@@ -74,6 +74,12 @@ HEADS = {
     "midx_rq_exact_positive": lambda **kw: SampledSoftmaxHead(
         N, D, midx("rq", "torch")(), M, convention="exact_positive", **kw
     ),
+    # the batch's targets in fixed shapes (SHAPE holds FIXED_SHAPE_POSITIONS positions), the
+    # ignored ones kept and left out by their mask; q_b streamed by TargetFrequency.update
+    "in_batch": lambda **kw: SampledSoftmaxHead(
+        N, D, num_negatives=0, in_batch_negatives=True, **kw
+    ),
+    "mixed": lambda **kw: SampledSoftmaxHead(N, D, num_negatives=M, in_batch_negatives=True, **kw),
     "cane": lambda **kw: CaneHead(N, D, 20, 80, **kw),  # beam search from the root, 10-ary
     "cane_frequency": lambda **kw: CaneHead(
         N, D, 19, 1, tree="frequency", class_counts=1.0 / torch.arange(1, N + 1), **kw

@@ -71,10 +71,31 @@ HEADS = {
         (14,),
         False,
     ),
+    # in-batch negatives: the ignored positions kept under compile are left out by their mask
+    "in_batch": (
+        lambda: SampledSoftmaxHead(
+            N, D, num_negatives=0, in_batch_negatives=True, target_counts=torch.arange(1.0, N + 1)
+        ),
+        (1, 7, 8),
+        True,
+    ),
+    "mixed": (
+        lambda: SampledSoftmaxHead(
+            N, D, num_negatives=7, in_batch_negatives=True, target_counts=torch.ones(N)
+        ),
+        (13, 14),
+        False,
+    ),
+    # q_b streamed (TargetFrequency.update in the graph): counted, so compared with eager apart
+    "mixed_streaming": (
+        lambda: SampledSoftmaxHead(N, D, num_negatives=7, in_batch_negatives=True),
+        (0, 9),
+        True,
+    ),
     "tapas": (lambda: TapasHead(N, D, num_negatives=6, presample_factor=3), (2, 6), False),
     "midx": (midx_head, (), True),
 }
-BREAK_FREE = ["full", "full_smoothed", "uniform", "uniform_shared"]
+BREAK_FREE = ["full", "full_smoothed", "uniform", "uniform_shared", "in_batch", "mixed"]
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +126,7 @@ def break_files(name):
     return explained.graph_break_count, files
 
 
-@pytest.mark.parametrize("name", [*BREAK_FREE, "unigram", "log_uniform", "midx"])
+@pytest.mark.parametrize("name", [*BREAK_FREE, "mixed_streaming", "unigram", "log_uniform", "midx"])
 def test_training_loss_compiles_without_graph_breaks(name):
     assert break_files(name) == (0, set())
 
@@ -200,7 +221,7 @@ def test_bad_input_fails_loudly_when_compiled(name):
         compiled(z, target, weight * (target == IGNORE))
 
 
-@pytest.mark.parametrize("name", ["full", "uniform_shared"])
+@pytest.mark.parametrize("name", ["full", "uniform_shared", "in_batch"])
 def test_every_position_ignored_gives_zero_when_compiled(name):
     head, z, target, weight = make(name)
     target = torch.full_like(target, IGNORE)

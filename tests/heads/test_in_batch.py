@@ -1,36 +1,76 @@
 """In-batch candidates and the mixed (in-batch + sampled) correction."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
 from fake_samplers import Stream
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.heads.in_batch import batch_candidates, in_batch_logits, log_mixture_size
+from lightning_sampled.heads.in_batch import (
+    FIXED_SHAPE_POSITIONS,
+    batch_candidates,
+    distinct_candidates,
+    in_batch_logits,
+    log_mixture_size,
+    sorted_candidates,
+)
 from lightning_sampled.samplers import UniformSampler
 from lightning_sampled.samplers.frequency import TargetFrequency
 
 
+@pytest.mark.parametrize("build", [distinct_candidates, sorted_candidates])
 @pytest.mark.parametrize("remove_hits", [True, False])
-def test_in_batch_logits_count_the_other_positions_holding_each_target(remove_hits):
+def test_in_batch_logits_count_the_other_positions_holding_each_target(build, remove_hits):
     target = torch.tensor([4, 1, 4, 4, 9])
-    candidates = batch_candidates(target)
-    assert candidates.ids.tolist() == [1, 4, 9] and candidates.counts.tolist() == [1, 3, 1]
-    logits = torch.randn(5, 3)
-    log_size = torch.randn(3)
+    candidates = build(target)
+    ids, counted = candidates.ids, candidates.counts > 0
+    assert ids[counted].tolist() == [1, 4, 9] and candidates.counts[counted].tolist() == [1, 3, 1]
+    assert (ids[candidates.column] == target).all() and counted[candidates.column].all()
+    logits = torch.randn(5, ids.numel())
+    log_size = torch.randn(ids.numel())
     got = in_batch_logits(logits.clone(), log_size, candidates, remove_hits)
     others = torch.tensor(
         [
-            [float(sum(1 for s in range(5) if s != t and target[s] == u)) for u in candidates.ids]
+            [float(sum(1 for s in range(5) if s != t and target[s] == u)) for u in ids]
             for t in range(5)
         ]
     )
     expected = logits + others.log() - log_size
+    expected[:, ~counted] = -math.inf  # the repeats of a target are no candidates of their own
     if remove_hits:  # the own column holds the accidental hits
-        expected[target[:, None] == candidates.ids] = -math.inf
+        expected[(target[:, None] == ids) & counted] = -math.inf
     torch.testing.assert_close(got, expected)
-    assert got[1, 0] == -math.inf  # only position 1 holds class 1: no other draws of it
+    assert got[1, candidates.column[1]] == -math.inf  # only position 1 holds class 1
+
+
+@pytest.mark.parametrize("build", [distinct_candidates, sorted_candidates])
+def test_left_out_positions_are_neither_candidates_nor_columns(build):
+    target = torch.tensor([4, 0, 4, 9, 0, 4])
+    mask = torch.tensor([True, False, True, True, False, False])
+    candidates = build(target, mask)
+    counted = candidates.counts > 0
+    assert candidates.ids[counted].tolist() == [4, 9]  # 0 only at left-out positions
+    assert candidates.counts[counted].tolist() == [2, 1]
+    assert candidates.column[~mask].tolist() == [-1, -1, -1]
+    assert (candidates.ids[candidates.column[mask]] == target[mask]).all()
+    assert ((candidates.ids >= 0) & (candidates.ids < 10)).all()  # class ids in every column
+    # nothing left out: the same as no mask
+    whole = build(target, torch.ones(6, dtype=torch.bool))
+    plain = build(target)
+    for got, want in zip(whole, plain, strict=True):
+        assert got.tolist() == want.tolist()
+
+
+def test_batch_candidates_sort_in_fixed_shapes_only_where_shapes_must_not_depend_on_data():
+    small = torch.randint(0, 50, (FIXED_SHAPE_POSITIONS,))
+    large = torch.randint(0, 50, (FIXED_SHAPE_POSITIONS + 1,))
+    for target in (small, large):  # eager CPU: torch.unique, the cheaper there
+        assert batch_candidates(target).ids.tolist() == sorted(set(target.tolist()))
+    with mock.patch("torch.compiler.is_compiling", return_value=True):
+        assert batch_candidates(small).ids.numel() == FIXED_SHAPE_POSITIONS  # one column each
+        assert batch_candidates(large).ids.tolist() == sorted(set(large.tolist()))
 
 
 def test_log_mixture_size_is_the_balance_heuristic_denominator():
@@ -249,3 +289,79 @@ def test_the_floor_changes_nothing_in_training_nor_for_positive_fixed_counts():
     fixed = TargetFrequency(20, counts=torch.rand(20) + 1e-3)
     batch = torch.tensor([3, 3, 3, 3, 5])  # a rare class found often: still its given share
     torch.testing.assert_close(fixed.log_prob(ids, batch), fixed.log_prob(ids))
+
+
+@pytest.mark.parametrize("build", ["distinct", "sorted"])
+@pytest.mark.parametrize("convention", ["corrected_all", "exact_positive"])
+@pytest.mark.parametrize("draws", ["none", "shared"])
+@pytest.mark.parametrize("streaming", [True, False], ids=["streamed_q_b", "fixed_q_b"])
+def test_left_out_positions_change_nothing_for_the_scored_ones(build, convention, draws, streaming):
+    """The static shapes of ``objective`` (every position kept, an ignored one with the
+    stand-in target 0 and ``mask`` False) give the scored positions the losses, gradients and
+    ``q_b`` of the batch without the ignored positions (found by ``torch.unique``); 0 is also a
+    scored target once."""
+    n, d = 30, 6
+    target = torch.tensor([3, 7, 0, 3, 12, 0, 0, 0])
+    mask = torch.tensor([True, True, True, True, True, False, False, False])
+    z = torch.randn(8, d)
+
+    def run(queries, targets, rows, candidates="distinct"):
+        torch.manual_seed(1)
+        counts = None if streaming else torch.arange(1.0, n + 1)
+        options = {"num_negatives": 0} if draws == "none" else {"num_negatives": 4}
+        head = SampledSoftmaxHead(
+            n, d, in_batch_negatives=True, shared_negatives=draws == "shared",
+            target_counts=counts, convention=convention, in_batch_candidates=candidates,
+            **options,
+        )  # fmt: skip
+        head.target_frequency.update(torch.tensor([3, 3, 5, 12]))  # an earlier step
+        queries = queries.clone().requires_grad_()
+        losses = head.sampled_losses(queries, targets, rows)
+        kept = losses if rows is None else losses[rows]
+        assert torch.isfinite(losses).all()
+        kept.sum().backward()
+        grad = queries.grad if rows is None else queries.grad[rows]
+        q_b = head.target_frequency.log_prob(torch.arange(n))
+        return kept.detach(), grad, head.weight.grad, q_b
+
+    static = run(z, target, mask, build)
+    compact = run(z[mask], target[mask], None)
+    for got, want in zip(static, compact, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_target_frequency_counts_only_the_kept_targets():
+    masked, compact = TargetFrequency(10, decay=0.5), TargetFrequency(10, decay=0.5)
+    masked.update(torch.tensor([1, 2, 2, 0, 0]), torch.tensor([1, 1, 1, 0, 0], dtype=torch.bool))
+    compact.update(torch.tensor([1, 2, 2]))
+    for step in ([4, 2], [2, 2, 9]):
+        masked.update(torch.tensor(step))
+        compact.update(torch.tensor(step))
+    ids = torch.arange(10)
+    torch.testing.assert_close(masked.log_prob(ids), compact.log_prob(ids))
+    batch, keep = torch.tensor([7, 7, 3]), torch.tensor([True, False, True])
+    torch.testing.assert_close(  # the floor counts the kept targets only
+        masked.log_prob(ids, batch, keep), compact.log_prob(ids, torch.tensor([7, 3]))
+    )
+
+
+def test_a_left_out_stand_in_never_seen_keeps_every_loss_finite():
+    """Class 0, the stand-in of the left-out positions, has no share of ``q_b`` yet: its
+    positive's correction would be ``-log(0)``; the left-out rows' losses stay finite, so that
+    weighting them 0 gives 0 (not NaN)."""
+    head = SampledSoftmaxHead(20, 4, num_negatives=0, in_batch_negatives=True)
+    target = torch.tensor([3, 7, 3, 0, 0])
+    mask = torch.tensor([True, True, True, False, False])
+    z = torch.randn(5, 4, requires_grad=True)
+    losses = head.sampled_losses(z, target, mask)
+    assert torch.isfinite(losses).all()
+    (losses * mask).sum().backward()
+    assert torch.isfinite(z.grad).all() and not z.grad[~mask].any()
+
+
+def test_the_candidate_method_is_checked_and_reported():
+    with pytest.raises(ValueError, match="in_batch_candidates must be one of"):
+        SampledSoftmaxHead(10, 4, in_batch_negatives=True, in_batch_candidates="unique")
+    head = SampledSoftmaxHead(10, 4, in_batch_negatives=True, in_batch_candidates="sorted")
+    assert "in_batch_candidates='sorted'" in repr(head)
+    assert "in_batch_candidates" not in repr(SampledSoftmaxHead(10, 4))
