@@ -54,7 +54,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from functools import cache, partial
@@ -494,7 +494,7 @@ def report(rows: list[dict], out: Path, tiny: bool = False) -> None:
     """``estimator_grid.md`` and ``estimator_grid.png`` from the runs' rows."""
     summary = list(summarize(rows))
     lines = [*header(rows, tiny), ""]
-    conventions = list(dict.fromkeys(s["convention"] for s in summary if s["convention"] != "-"))
+    conventions = in_order(s["convention"] for s in summary if s["convention"] != "-")
     for task in dict.fromkeys(s["task"] for s in summary):
         metric = TASKS[task]["metric"]
         lines += [f"### {task}: test {metric} of the best-validation epoch", ""]
@@ -527,6 +527,11 @@ def report(rows: list[dict], out: Path, tiny: bool = False) -> None:
     plot(summary, out / "estimator_grid.png")
 
 
+def in_order(conventions: Iterable[str]) -> list[str]:
+    """The distinct ``conventions`` in the order of :data:`CONFIGURATIONS`."""
+    return sorted(set(conventions), key=list(CONFIGURATIONS).index)
+
+
 def describe(s: dict[str, Any], ranked: bool) -> str:
     """``mean ± sd (n)``, with the ratio to the cell's best and a mark when not within."""
     text = f"{s['mean']:.4g} ± {s['sd']:.2g} ({s['seeds']})"
@@ -551,10 +556,8 @@ def plot(summary: list[dict], path: Path) -> None:
         full = next((s["mean"] for s in summary if (s["task"], s["cell"]) == (task, "full")), None)
         cells = [c for c in dict.fromkeys(s["cell"] for s in summary if s["task"] == task)]
         cells = [c for c in cells if c not in REFERENCES]
-        conventions = list(
-            dict.fromkeys(
-                s["convention"] for s in summary if s["task"] == task and s["cell"] in cells
-            )
+        conventions = in_order(
+            s["convention"] for s in summary if s["task"] == task and s["cell"] in cells
         )
         width = 0.8 / max(len(conventions), 1)
         for i, convention in enumerate(conventions):
@@ -568,7 +571,8 @@ def plot(summary: list[dict], path: Path) -> None:
                 for c in cells
                 if c in found
             ]
-            ax.bar(xs, ys, width, yerr=es, label=convention)
+            color = f"C{list(CONFIGURATIONS).index(convention)}"  # alike in every panel
+            ax.bar(xs, ys, width, yerr=es, label=convention, color=color)
         ax.set_xticks(
             [j + 0.4 - width / 2 for j in range(len(cells))], cells, rotation=25, fontsize=8
         )

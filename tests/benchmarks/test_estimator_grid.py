@@ -12,6 +12,7 @@ from benchmarks.estimator_grid import (
     Run,
     done_runs,
     history_batches,
+    in_order,
     method_of,
     read_rows,
     report,
@@ -126,3 +127,13 @@ def test_resume_skips_exactly_the_runs_the_csv_finished(tmp_path):
     done = done_runs(read_rows(tmp_path / "estimator_grid.csv"))
     assert done == {finished}
     assert [r for r in plan if r not in done] == plan[1:]
+
+
+def test_configurations_keep_one_order_whatever_the_rows_order():
+    assert in_order(
+        ["corrected_all+batch", "corrected_all", "exact_positive", "corrected_all"]
+    ) == [
+        "exact_positive",
+        "corrected_all",
+        "corrected_all+batch",
+    ]
