@@ -96,7 +96,7 @@ def distinct_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCand
 def sorted_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCandidates:
     """:func:`batch_candidates` in fixed shapes: the ``T`` targets sorted, each run of equal
     ones counted in its first column (the others, and the left-out positions, count 0), each
-    position's column that first one (``-1`` if left out). A sort and two binary searches; no
+    position's column that first one (``-1`` if left out). A sort and three binary searches; no
     shape depends on the targets."""
     key = target if mask is None else target.where(mask, _BEYOND)
     ordered, order = key.sort()
