@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from .._validation import sync_free
+from ..samplers.frequency import counted
 
 #: the most scored positions whose candidates :func:`batch_candidates` finds in fixed shapes
 #: (``[T, T]`` logits: 16.8 million at 4,096 positions)
@@ -84,7 +85,7 @@ def distinct_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCand
     if mask is None:
         ids, column, counts = torch.unique(target, return_inverse=True, return_counts=True)
         return BatchCandidates(ids, counts, column)
-    key = target.where(mask, _BEYOND)
+    key = counted(target, mask, _BEYOND)
     ids, column, counts = torch.unique(key, return_inverse=True, return_counts=True)
     beyond = ids == _BEYOND
     stand_in = target.reshape(-1)[:1].expand_as(ids)  # any class id; its count is 0
@@ -98,11 +99,10 @@ def sorted_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCandid
     ones counted in its first column (the others, and the left-out positions, count 0), each
     position's column that first one (``-1`` if left out). A sort and three binary searches; no
     shape depends on the targets."""
-    key = target if mask is None else target.where(mask, _BEYOND)
+    key = counted(target, mask, _BEYOND)
     ordered, order = key.sort()
-    first = torch.ones_like(ordered, dtype=torch.bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    start = torch.searchsorted(ordered, ordered)
+    start = torch.searchsorted(ordered, ordered)  # each run's first column
+    first = start == torch.arange(ordered.numel(), device=ordered.device)
     counts = torch.searchsorted(ordered, ordered, right=True) - start
     counts = counts.masked_fill(~first | (ordered == _BEYOND), 0)
     column = torch.searchsorted(ordered, key)

@@ -159,12 +159,13 @@ class TargetFrequency(nn.Module):
         return f"num_classes={self.num_classes}, decay={self.decay}, fixed={self.fixed}"
 
 
-def counted(targets: Tensor, mask: Tensor | None, num_classes: int) -> Tensor:
+def counted(targets: Tensor, mask: Tensor | None, beyond: int) -> Tensor:
     """``targets`` (long ``[T]``) with the positions ``mask`` (bool, ``T`` entries) leaves out
-    set to ``num_classes``, above every class: no class finds them."""
+    set to ``beyond``, a value above every class id (``num_classes``, or more): no class finds
+    them, and they sort after every target."""
     if mask is None:
         return targets
-    return targets.where(mask.reshape(-1).to(targets.device), num_classes)
+    return targets.where(mask.reshape(-1).to(targets.device), beyond)
 
 
 def number_of(targets: Tensor, mask: Tensor | None) -> int | Tensor:
