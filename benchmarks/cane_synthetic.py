@@ -119,6 +119,7 @@ def make_head(run: Run) -> OutputHead:
             run.noise,
             bias=True,
             convention="exact_positive",  # the library's default when the results were made
+            in_batch_negatives=False,
         )
     return CaneHead(NUM_CLASSES, HIDDEN, run.candidates, run.noise, BRANCHING, bias=True)
 

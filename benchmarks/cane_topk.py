@@ -233,7 +233,7 @@ def step_rows(args: argparse.Namespace) -> list[dict]:
     heads = {
         "uniform (100 negatives)": SampledSoftmaxHead(
             SASREC_CLASSES, DIM, UniformSampler(SASREC_CLASSES, padding_idx=0),
-            num_negatives=100, weight=weight, padding_idx=0,
+            num_negatives=100, weight=weight, padding_idx=0, in_batch_negatives=False,
         ),
         "cane (20 candidates + 80 noises, beam 20)": CaneHead(
             SASREC_CLASSES, DIM, 20, 80, branching=10, beam=20, weight=weight, padding_idx=0

@@ -110,10 +110,10 @@ CELLS = (
 )
 #: the head configurations a sampled cell can train (``--conventions``): a convention, or
 #: ``corrected_all`` with the batch's other targets as further negatives (mixed negatives,
-#: ``in_batch_negatives=True``), the candidate default of issue 31
+#: ``in_batch_negatives=True``), the library's default configuration since issue 31
 CONFIGURATIONS = {
-    "exact_positive": {"convention": "exact_positive"},
-    "corrected_all": {"convention": "corrected_all"},
+    "exact_positive": {"convention": "exact_positive", "in_batch_negatives": False},
+    "corrected_all": {"convention": "corrected_all", "in_batch_negatives": False},
     "corrected_all+batch": {"convention": "corrected_all", "in_batch_negatives": True},
 }
 #: the configurations trained by default

@@ -297,7 +297,7 @@ def sampled_head(
     query unless ``head_kwargs`` says otherwise."""
 
     def make(problem: Problem, sparse_grad: bool) -> nn.Module:
-        kwargs = {"num_negatives": NUM_NEGATIVES, **head_kwargs}
+        kwargs = {"num_negatives": NUM_NEGATIVES, "in_batch_negatives": False, **head_kwargs}
         return SampledSoftmaxHead(
             problem.num_classes,
             problem.dim,

@@ -156,7 +156,8 @@ def time_train_steps(args: argparse.Namespace, rows: list[dict]) -> None:
     for name in ("uniform", "midx_pq", "midx_rq"):
         gen = _generator(args, 0)
         sampler = make_sampler(name, n, args.codebook_size)
-        head = SampledSoftmaxHead(n, args.dim, sampler, 100).to(args.device)
+        head = SampledSoftmaxHead(n, args.dim, sampler, 100, in_batch_negatives=False)
+        head = head.to(args.device)
         with torch.no_grad():
             head.weight.normal_(0.0, args.dim**-0.5, generator=gen)
         head.refresh_index()
@@ -232,7 +233,9 @@ def sequence_heads(args: argparse.Namespace) -> dict[tuple[str, int | str], Prop
     n, m = args.seq_classes, SEQ_NEGATIVES
     table = class_table(n, args)
     builders: dict[str, Callable[[], ProposalHead]] = {
-        "uniform": lambda: SampledSoftmaxHead(n, args.dim, UniformSampler(n), m),
+        "uniform": lambda: SampledSoftmaxHead(
+            n, args.dim, UniformSampler(n), m, in_batch_negatives=False
+        ),
         "ove_uniform": lambda: OneVsEachHead(n, args.dim, UniformSampler(n), m),
         "tapas_uniform_r2": lambda: TapasHead(n, args.dim, None, m, presample_factor=2),
     }
@@ -243,7 +246,8 @@ def sequence_heads(args: argparse.Namespace) -> dict[tuple[str, int | str], Prop
             continue
         for k in args.seq_codebook_sizes:
             sampler = _fitted_midx(n, k, method.removeprefix("midx_"), table)
-            heads[method, k] = SampledSoftmaxHead(n, args.dim, sampler, m).to(args.device)
+            head = SampledSoftmaxHead(n, args.dim, sampler, m, in_batch_negatives=False)
+            heads[method, k] = head.to(args.device)
     for head in heads.values():
         with torch.no_grad():
             head.weight.copy_(table)

@@ -110,6 +110,7 @@ def run_rank(rank: int, world: int, init_file: str, args: argparse.Namespace, ou
             args.negatives,
             sparse_grad=True,
             sharded=True,
+            in_batch_negatives=False,
         )
         head.shard()  # creates the table (split already when built under torch.distributed)
         if args.table_dtype == "bfloat16":
@@ -283,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
             *targets(rows, args.optimizers[0]),
             "",
             f"Setup: SampledSoftmaxHead(N, D={args.dim}, UniformSampler, M={args.negatives} per "
-            f"query, sparse_grad=True, sharded=True) and LazyAdam in each optimizer "
+            f"query, sparse_grad=True, sharded=True, in_batch_negatives=False) and LazyAdam in "
+            f"each optimizer "
             f"configuration (table_state:state_dtype:table dtype); T = "
             f"{args.positions} scored positions per rank, a Linear encoder; median of "
             f"{args.steps} steps after {args.warmup}; one thread per process, gloo. Peak memory "

@@ -86,8 +86,9 @@ def make_head(run: Run, counts: Tensor, temperature: float) -> OutputHead:
         head = FullSoftmaxHead(NUM_CLASSES, DIM, bias=True)
     elif run.method == "sampled":
         head = SampledSoftmaxHead(
-            NUM_CLASSES, DIM, UnigramSampler(counts), run.n, shared_negatives=True, bias=True
-        )
+            NUM_CLASSES, DIM, UnigramSampler(counts), run.n, shared_negatives=True, bias=True,
+            in_batch_negatives=False,
+        )  # fmt: skip
     else:
         head = TapasHead(
             NUM_CLASSES,

@@ -17,14 +17,16 @@ whole vocabulary / catalog:
 Methods (``--methods``): ``exact`` (``FullSoftmaxHead(backend="auto")``, the fastest exact backend),
 ``cut_cross_entropy`` (``FullSoftmaxHead(backend="cut_cross_entropy")``, CUDA only), ``default``
 (``SampledSoftmaxHead`` with the library's defaults: uniform proposal, 100 negatives per position,
-dense table gradient and the default convention, ``"corrected_all"`` since issue 31; the GPU results
-of issue 30 ran under ``"exact_positive"``, the default then), ``midx_rq`` (the recipes'
-large-catalog config ``recipes/configs/heads/sparse_midx_rq.yaml``: 20 MIDX-rq negatives, row-sparse
-gradient, ``IndexRefresh``) and ``mixed`` (``recipes/configs/heads/mixed.yaml``: the batch's targets
-plus 100 uniform negatives). Every run starts from the same seed; before its clock starts, a copy of
-the model takes ``--warmup-steps`` steps (CUDA context, Triton compilation and autotuning, the first
-index build of that copy) and is thrown away. Training runs under
-``bf16-mixed`` on CUDA, evaluation in fp32; there is no ``torch.compile``.
+dense table gradient, the default convention, ``"corrected_all"`` since issue 31, and the batch's
+targets as further negatives, ``in_batch_negatives="auto"``, since issue 31's session 21; the GPU
+results of issue 30 ran under ``"exact_positive"`` without them, the defaults then),
+``midx_rq`` (the recipes' large-catalog config ``recipes/configs/heads/sparse_midx_rq.yaml``: 20
+MIDX-rq negatives, row-sparse gradient, ``IndexRefresh``) and ``mixed``
+(``recipes/configs/heads/mixed.yaml``: the batch's targets plus 100 uniform negatives). Every run
+starts from the same seed; before its clock starts, a copy of the model takes ``--warmup-steps``
+steps (CUDA context, Triton compilation and autotuning, the first index build of that copy) and is
+thrown away. Training runs under ``bf16-mixed`` on CUDA, evaluation in fp32; there is no
+``torch.compile``.
 
 The GPU machine has neither the network nor Hugging Face ``datasets``, so the data are prepared on
 the CPU first (``--prepare DIR``: ``gcide.pt``, the token ids as int32, the training stream cut to

@@ -143,8 +143,14 @@ def make_path(
     sparse = name == "sparse"
     heads = {
         s: SampledSoftmaxHead(
-            num_classes, args.dim, sampler, args.negatives, weight=weight, sparse_grad=sparse
-        ).to(args.device)
+            num_classes,
+            args.dim,
+            sampler,
+            args.negatives,
+            weight=weight,
+            sparse_grad=sparse,
+            in_batch_negatives=False,
+        ).to(args.device)  # fmt: skip
         for s, sampler in samplers.items()
     }
     params = [weight, *encoder.parameters()]

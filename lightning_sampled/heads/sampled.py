@@ -1,14 +1,42 @@
 """``SampledSoftmaxHead``: softmax over the positive and ``M`` sampled negatives, logQ-corrected.
 
+**The default configuration** is ``convention="corrected_all"`` with the batch's other targets as
+further negatives (``in_batch_negatives="auto"``, mixed negative sampling, below), whatever the
+proposal. Issue 31's grid (``benchmarks/results/estimator_grid/estimator_grid.md``: PTB in the
+MIDX paper's Table 4 setting, GCIDE, MovieLens-1M SASRec and GRU4Rec, each with uniform, unigram
+and MIDX-rq negatives, per query and shared) found each fixed convention a trap somewhere:
+``"exact_positive"`` runs away on Zipfian targets with few negatives (PTB: up to 204x the full
+softmax's test perplexity), ``"corrected_all"`` alone loses 3.5-6.4% NDCG@10 on MovieLens with
+uniform negatives per query and gives 2.6-5.7x the full softmax's perplexity on PTB with
+negatives shared by the batch. With the batch's targets added it is the best configuration of
+every cell measured; test perplexity (NDCG@10 for the recommenders; uniform negatives unless
+named):
+
+=============================  =================  ===========================  ===============
+cell                           default            the better convention alone  full softmax
+=============================  =================  ===========================  ===============
+PTB, per query / shared        146.5 / 155.3      218.6 / 813.2                141.5
+PTB, MIDX-rq per query         145.3              151.2                        141.5
+GCIDE, per query / shared      35.9 / 38.5        107.6 / 518.6
+SASRec, per query              0.1118             0.1051                       0.1024
+GRU4Rec, per query             0.1543             0.1478                       0.1516
+=============================  =================  ===========================  ===============
+
+On a 200,000-class catalog at equal steps (``benchmarks/large_catalog.py``) it reaches 0.98x the
+full softmax's NDCG@10 with 100 uniform or MIDX-rq negatives, where they alone reach 0.79x and
+0.90x. The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
+positions: on a CPU the step cost 1.2-1.3x the plain head's on the language models and about 2x
+on MovieLens-1M, whose batches hold 20,000 positions over 3,000 items; where that matters more
+than the quality, ``in_batch_negatives=False`` is the plain sampled softmax.
+
 The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and mask:
 
 - ``"corrected_all"`` (the default): every logit, the positive's included, becomes
   ``o_i - log(M q_i)`` and accidental hits are kept, so the draws estimate all of ``Z`` (the
   target's share included) and the positive's corrected term adds an ``O(1 / M)`` bias:
   consistent, and the positive counts ``1 / (M q_y)`` times in the normaliser, which damps the
-  targets the proposal rarely draws. It is the default because it is never far from the best
-  convention, where ``"exact_positive"`` can be very far (issue 31's grid,
-  ``benchmarks/results/estimator_grid/estimator_grid.md``, two seeds on an H200): on a language
+  targets the proposal rarely draws. It is never far from the best convention, where
+  ``"exact_positive"`` can be very far (issue 31's grid, two seeds on an H200): on a language
   model with Zipfian targets and 20 negatives per token (PTB, the MIDX paper's Table 4) it gives
   1.07-1.54x the full softmax's test perplexity with negatives per query where
   ``"exact_positive"`` gives 1.8-204x (2.6-5.7x against 5.4-170x with negatives shared by the
@@ -35,7 +63,8 @@ Over a table split across ranks (``sharded=True``) the draws are stratified by r
 (:mod:`.stratified`): each rank draws ``M_r`` negatives from the proposal restricted to its rows,
 and each negative is corrected by ``log(M_r q_r(j))``, its probability under that design.
 
-With ``in_batch_negatives=True`` the other positions' targets join the negatives (mixed negative
+With in-batch negatives (``in_batch_negatives`` ``"auto"``, the default, or ``True``) the other
+positions' targets join the negatives (mixed negative
 sampling, Yang et al. 2020; pure in-batch softmax with ``num_negatives=0``), and every candidate,
 whichever set it came from, is corrected by ``log(M q(j) + (T - 1) q_b(j))`` instead of
 ``log(M q(j))``, ``q_b`` being the targets' distribution estimated by
@@ -48,6 +77,7 @@ each rank scoring the targets it holds (:func:`.stratified.stratified_losses`).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import torch
@@ -75,12 +105,20 @@ class BatchProposal(NamedTuple):
     """In-batch negatives' proposal for one batch: ``q_b``, the draws per query (``T - 1``, a
     long scalar tensor where ``mask`` is given) and the batch's targets (long ``[T]``), which
     floor ``q_b`` (:meth:`TargetFrequency.log_prob`), but those ``mask`` (bool ``[T]``, or
-    ``None``) leaves out."""
+    ``None``) leaves out. ``counted``: the batch was just counted into a moving estimate, so the
+    floor cannot change it."""
 
     frequency: TargetFrequency
     num_draws: int | Tensor
     targets: Tensor
     mask: Tensor | None
+    counted: bool
+
+    def log_prob(self, ids: Tensor) -> Tensor:
+        """``log q_b`` of class ids of any shape, floored by the batch's targets."""
+        if self.counted:
+            return self.frequency.log_prob(ids, after_update=True)
+        return self.frequency.log_prob(ids, self.targets, self.mask)
 
 
 class SampledSoftmaxHead(ProposalHead):
@@ -88,10 +126,11 @@ class SampledSoftmaxHead(ProposalHead):
 
     For each query, ``M`` negatives are drawn from the sampler with replacement, the logits are
     corrected as ``convention`` says (module docstring), and the loss is the cross-entropy of the
-    positive among the ``1 + M`` logits. By default (``"corrected_all"``) every logit, the
-    positive's included, becomes ``o_i - log(M q_i)``: consistent as ``M`` grows, and stable at
-    few negatives on Zipfian targets, where ``"exact_positive"`` runs away (module docstring,
-    with the measured grid). The sampler's :meth:`~Sampler.auxiliary_loss` (non-zero only for
+    positive among the ``1 + M`` logits. By default the batch's other targets join the draws
+    (``in_batch_negatives="auto"``) and every logit, the positive's included, becomes
+    ``o_i - log(M q_i + (T - 1) q_b(i))`` (``"corrected_all"``): consistent as ``M`` grows, and
+    within reach of the best configuration on every task of issue 31's grid (module docstring,
+    with the measured table). The sampler's :meth:`~Sampler.auxiliary_loss` (non-zero only for
     samplers that learn, such as MIDX-Learn) is added to the returned loss, unweighted
     (:class:`ProposalHead`, which also says what the sampler sees).
 
@@ -116,7 +155,11 @@ class SampledSoftmaxHead(ProposalHead):
             negatives (module docstring); their proposal ``q_b`` is estimated from the training
             targets seen so far (moving averages over about ``1 / frequency_decay`` steps), or
             fixed by ``target_counts``. In-batch negatives assume the positions of a batch are
-            independent draws; positions of one sequence are not quite.
+            independent draws; positions of one sequence are not quite. ``"auto"`` (the
+            default, the module docstring says why) uses them wherever the head draws its own
+            negatives: a call with ``negatives=`` or ``positives=`` goes without them, and a
+            checkpoint saved without ``q_b`` loads with ``q_b`` estimated afresh (a warning).
+            ``True`` refuses those calls; ``False`` is the plain sampled softmax.
         target_counts: optional ``[N]`` training counts of the targets, fixing ``q_b``.
         frequency_decay: the weight of the newest step in the estimate of ``q_b``.
         in_batch_candidates: how the batch's distinct targets are found
@@ -143,7 +186,7 @@ class SampledSoftmaxHead(ProposalHead):
         *,
         shared_negatives: bool = False,
         convention: str = "corrected_all",
-        in_batch_negatives: bool = False,
+        in_batch_negatives: bool | str = "auto",
         target_counts: Tensor | None = None,
         frequency_decay: float = 0.01,
         in_batch_candidates: str = "auto",
@@ -152,16 +195,25 @@ class SampledSoftmaxHead(ProposalHead):
         super().__init__(num_classes, dim, sampler, **options)
         if shared_negatives:
             self.require_query_independent("shared_negatives=True")
-        if not isinstance(in_batch_negatives, bool):
-            raise ValueError(f"in_batch_negatives must be a bool, got {in_batch_negatives!r}")
-        self.in_batch_negatives = in_batch_negatives
+        if not (isinstance(in_batch_negatives, bool) or in_batch_negatives == "auto"):
+            raise ValueError(
+                f"in_batch_negatives must be True, False or 'auto', got {in_batch_negatives!r}"
+            )
+        #: whether the batch's other targets join the drawn negatives
+        self.in_batch_negatives = in_batch_negatives is not False
+        #: whether they were chosen by default (``"auto"``): then a call that brings its own
+        #: negatives (``negatives=``) or several positives (``positives=``) goes without them
+        #: instead of raising, and an older checkpoint without ``q_b`` loads
+        self.in_batch_by_default = in_batch_negatives == "auto"
+        if self.in_batch_by_default:
+            self.register_load_state_dict_pre_hook(_fresh_frequency_of_older_checkpoints)
         if in_batch_candidates not in CANDIDATE_METHODS:
             raise ValueError(
                 f"in_batch_candidates must be one of {CANDIDATE_METHODS}, got "
                 f"{in_batch_candidates!r}"
             )
         self.in_batch_candidates = in_batch_candidates
-        if in_batch_negatives:
+        if self.in_batch_negatives:
             self.num_negatives = check_int("num_negatives", num_negatives)
             if num_negatives < 0:
                 raise ValueError(f"num_negatives must be >= 0, got {num_negatives}")
@@ -247,7 +299,7 @@ class SampledSoftmaxHead(ProposalHead):
                 z, target, sample_weight, reduction, positives, negatives,
                 negative_log_q, target_log_q, num_hard_negatives,
             )  # fmt: skip
-        if self.in_batch_negatives or self.is_split:
+        if self.refuses_batch_free_calls or self.is_split:
             raise ValueError(
                 "negatives= replaces the drawn negatives of a head without in_batch_negatives on "
                 "a whole table; this head has "
@@ -286,7 +338,7 @@ class SampledSoftmaxHead(ProposalHead):
         num_hard_negatives: int | None,
     ) -> Tensor:
         """:meth:`forward` with several positives per position (``target`` ``[..., P]``)."""
-        if self.in_batch_negatives:
+        if self.refuses_batch_free_calls:
             raise ValueError(
                 "positives= does not combine with in_batch_negatives=True (the batch's other "
                 "targets would have to be told apart from each position's own positives)"
@@ -397,7 +449,8 @@ class SampledSoftmaxHead(ProposalHead):
             frequency = TargetFrequency(self.num_classes, counts=counts)
         # no draw at all where no position is scored (static shapes: every one left out)
         draws = scored - 1 if mask is None else (scored - 1).clamp(min=0)
-        return BatchProposal(frequency, draws, target, mask)
+        counted = self.training and not frequency.fixed
+        return BatchProposal(frequency, draws, target, mask, counted)
 
     def log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
         """``log(M q(ids))``, or with in-batch negatives the mixture's
@@ -409,7 +462,7 @@ class SampledSoftmaxHead(ProposalHead):
         if batch is None:
             return math.log(m) + log_q
         global_ids = self.shard_map.global_ids(ids) if self.is_split else ids
-        log_q_batch = batch.frequency.log_prob(global_ids, batch.targets, batch.mask)
+        log_q_batch = batch.log_prob(global_ids)
         return log_mixture_size(log_q, m, log_q_batch, batch.num_draws)
 
     def _corrected(
@@ -424,6 +477,17 @@ class SampledSoftmaxHead(ProposalHead):
         accidental hits at ``-inf`` when the convention removes them."""
         log_size = self.log_size(ids, log_q, batch)
         return corrected_candidates(logits, ids, log_size, target, self.removes_accidental_hits)
+
+    @property
+    def in_batch_setting(self) -> bool | str:
+        """``in_batch_negatives`` as given: ``"auto"``, ``True`` or ``False``."""
+        return "auto" if self.in_batch_by_default else self.in_batch_negatives
+
+    @property
+    def refuses_batch_free_calls(self) -> bool:
+        """Whether a call with ``negatives=`` or ``positives=`` (which cannot use the batch's
+        targets) raises: with ``in_batch_negatives=True`` asked for explicitly."""
+        return self.in_batch_negatives and not self.in_batch_by_default
 
     @property
     def corrects_positive(self) -> bool:
@@ -461,7 +525,7 @@ class SampledSoftmaxHead(ProposalHead):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, num_negatives={self.num_negatives}, "
-            f"in_batch_negatives={self.in_batch_negatives}, "
+            f"in_batch_negatives={self.in_batch_setting!r}, "
             + (
                 f"in_batch_candidates={self.in_batch_candidates!r}, "
                 if self.in_batch_negatives
@@ -470,3 +534,25 @@ class SampledSoftmaxHead(ProposalHead):
             + f"shared_negatives={self.shared_negatives}, convention={self.convention!r}"
             + (f", num_local_negatives={self.num_local_negatives}" if self.is_split else "")
         )
+
+
+def _fresh_frequency_of_older_checkpoints(
+    module: SampledSoftmaxHead, state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:
+    """A checkpoint of a head without in-batch negatives (saved before they became the
+    default, or with ``in_batch_negatives=False``) loads into a default head with ``q_b``
+    estimated afresh from the next training batches; a warning says so."""
+    frequency = prefix + "target_frequency."
+    if any(key.startswith(frequency) for key in state_dict):
+        return
+    if not any(key.startswith(prefix) for key in state_dict):
+        return  # nothing of this head in the checkpoint: strict loading reports it
+    warnings.warn(
+        "loading a checkpoint without an in-batch frequency estimate (saved by a head without "
+        "in_batch_negatives) into a head with in_batch_negatives='auto', the default: q_b is "
+        "estimated afresh from the next training batches. Pass in_batch_negatives=False to "
+        "train on as the checkpoint's head did",
+        stacklevel=2,
+    )
+    for key, value in module.target_frequency.state_dict().items():
+        state_dict[frequency + key] = value.clone()

@@ -22,10 +22,17 @@ example the training split's item counts).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from .._validation import check_async, check_class_ids, check_positive_int
+
+#: the smallest normal fp64: a total of 0 reads as this, so that a count of 0 gives -inf, not NaN
+_TINY = torch.finfo(torch.float64).tiny
+#: the fp64 buffers that a cast of the model leaves fp64
+_KEPT_FP64 = ("count", "total")
 
 
 class TargetFrequency(nn.Module):
@@ -54,8 +61,23 @@ class TargetFrequency(nn.Module):
             count = _checked_counts(counts, num_classes)
         self.register_buffer("count", count)
         self.register_buffer("last_step", torch.zeros(num_classes, dtype=torch.long))
-        self.register_buffer("total", count.sum())
+        # [1], not 0-dim: under torch.compile (torch 2.13) the in-place updates of a 0-dim fp64
+        # buffer are lost (tests/samplers/test_target_frequency.py)
+        self.register_buffer("total", count.sum().reshape(1))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        self.register_load_state_dict_pre_hook(_one_element_total_of_older_checkpoints)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> TargetFrequency:
+        """Moves with the module (``.to(device)``, ``.cuda()``) but keeps its fp64 counts fp64
+        through a cast of the whole model (``.bfloat16()``, Lightning's ``"bf16-true"``):
+        decayed counts of ``1e-2`` and less would not survive bf16."""
+        before = {name: getattr(self, name) for name in _KEPT_FP64}
+        super()._apply(fn, recurse)
+        for name, kept in before.items():
+            moved = getattr(self, name)
+            if moved.dtype != kept.dtype:  # cast, not only moved: keep the fp64 values
+                setattr(self, name, kept.to(moved.device))
+        return self
 
     def add_classes(self, num_new: int) -> None:
         """Grows to ``num_new`` new classes, never seen as targets (count 0; the floor of
@@ -94,7 +116,12 @@ class TargetFrequency(nn.Module):
         return float(self.total) > 0.0
 
     def log_prob(
-        self, ids: Tensor, batch: Tensor | None = None, batch_mask: Tensor | None = None
+        self,
+        ids: Tensor,
+        batch: Tensor | None = None,
+        batch_mask: Tensor | None = None,
+        *,
+        after_update: bool = False,
     ) -> Tensor:
         """``log q_b`` (fp32) of class ids of any shape; ``-inf`` for a class not seen yet.
 
@@ -117,22 +144,29 @@ class TargetFrequency(nn.Module):
 
         No host sync on CUDA (the check below is then ``torch._assert_async``).
 
+        ``after_update``: the caller has just counted a batch (:meth:`update`), so no check. A
+        batch whose targets were all left out (a static-shape step with every position ignored)
+        counts none, and where nothing was counted before either, every class then reads
+        ``-inf``, for the caller to leave unused.
+
         Raises:
-            RuntimeError: before the first :meth:`update` (no estimate yet).
+            RuntimeError: before the first :meth:`update` (no estimate yet), unless
+                ``after_update``.
         """
-        check_async(
-            self.total > 0,
-            "TargetFrequency has seen no targets yet: call update() with a batch's targets "
-            "first, or give counts",
-            RuntimeError,
-        )
+        if not after_update:
+            check_async(
+                self.total[0] > 0,
+                "TargetFrequency has seen no targets yet: call update() with a batch's targets "
+                "first, or give counts",
+                RuntimeError,
+            )
         check_class_ids("ids", ids, self.num_classes)
         flat = ids.reshape(-1)
         count = self.count.index_select(0, flat)
         if not self.fixed:
             stale = (self.step - self.last_step.index_select(0, flat)).double()
             count = count * (1.0 - self.decay) ** stale
-        log_q = count.log() - self.total.log()
+        log_q = count.log() - self.total.clamp(min=_TINY).log()  # -inf, not NaN, where 0
         if batch is not None:
             log_q = self._log_floor(flat, batch, batch_mask, log_q)
         return log_q.float().view(ids.shape)
@@ -157,6 +191,15 @@ class TargetFrequency(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, decay={self.decay}, fixed={self.fixed}"
+
+
+def _one_element_total_of_older_checkpoints(
+    module: TargetFrequency, state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:
+    """A checkpoint from before ``total`` had shape ``[1]`` (it was 0-dim) loads."""
+    total = state_dict.get(prefix + "total")
+    if isinstance(total, Tensor) and total.dim() == 0:
+        state_dict[prefix + "total"] = total.reshape(1)
 
 
 def counted(targets: Tensor, mask: Tensor | None, beyond: int) -> Tensor:

@@ -87,15 +87,15 @@ def test_ratios_use_the_same_seeds_full_softmax():
 def test_targets_say_met_not_met_and_not_measured():
     default = lc.HEAD_DEFAULT_CONVENTION
     table = rows(full__x__0=0.5, full__x__1=0.5)
-    table += rows(**{f"uniform__{default}__0": 0.49, f"uniform__{default}__1": 0.45})
-    table += rows(**{f"midx_rq__{default}__0": 0.49})
+    table += rows(**{f"mixed__{default}__0": 0.49, f"mixed__{default}__1": 0.45})
+    table += rows(**{f"mixed_midx__{default}__0": 0.49, f"uniform__{default}__1": 0.5})
     lc.add_ratios(table)
     uniform, midx = lc.targets(table, [0, 1])
-    assert uniform.startswith("- NOT met: uniform") and "0.980, 0.900" in uniform
-    assert midx.startswith("- not measured: midx_rq")
-    table += rows(**{f"midx_rq__{default}__1": 0.48})
+    assert uniform.startswith("- NOT met: mixed: uniform") and "0.980, 0.900" in uniform
+    assert midx.startswith("- not measured: mixed_midx: MIDX-rq")
+    table += rows(**{f"mixed_midx__{default}__1": 0.48})
     lc.add_ratios(table)
-    assert lc.targets(table, [0, 1])[1].startswith("- met: midx_rq")
+    assert lc.targets(table, [0, 1])[1].startswith("- met: mixed_midx")
 
 
 def test_reaching_lists_every_method_measured_on_every_seed():

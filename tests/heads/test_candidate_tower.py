@@ -77,7 +77,9 @@ def test_a_training_step_calls_the_tower_on_the_scored_ids_only():
     target = torch.tensor([3, 9, 20])
     head(torch.randn(3, D), target).backward()
     called = torch.cat(tower.calls)
-    assert called.numel() == 3 * (1 + 4)  # the targets and each query's 4 negatives
+    # the targets, each query's 4 negatives and the batch's 3 distinct targets (the default
+    # in-batch negatives)
+    assert called.numel() == 3 * (1 + 4) + 3
     assert set(target.tolist()) <= set(called.tolist())
 
 

@@ -14,6 +14,7 @@ draw the same classes; where the two calls see the same scored positions the dra
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,6 +114,7 @@ HEADS: dict[str, Head] = {
     "full": Head(lambda n, d, s, **o: FullSoftmaxHead(n, d, backend="torch", **o), None, refuses=()),  # noqa: E501
     "full_triton": Head(lambda n, d, s, **o: FullSoftmaxHead(n, d, backend="triton", **o), None, refuses=(), breaks="the fused kernels launch from an autograd.Function, not a registered op"),  # noqa: E501
     "sampled_uniform": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, **o), proposals=ANY),  # noqa: E501
+    "sampled_plain": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, in_batch_negatives=False, **o)),  # noqa: E501
     "sampled_shared": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, shared_negatives=True, **o), proposals=QUERY_INDEPENDENT),  # noqa: E501
     "sampled_in_batch": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, in_batch_negatives=True, target_counts=target_counts(n), **o)),  # noqa: E501
     "sampled_midx": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, **o), "midx_rq_fast", breaks="MIDX's is_built and chunked draw read the host"),  # noqa: E501
@@ -593,7 +595,9 @@ def test_declared_compiling_heads_compile_to_one_graph_equal_to_eager(case):
     w = torch.rand(3, 4) + 0.5
     results = []
     torch._dynamo.reset()
+    before = copy.deepcopy(head.state_dict())  # a training call changes state (in-batch q_b)
     for fn in (head, torch.compile(head, backend="aot_eager", fullgraph=True)):
+        head.load_state_dict(before)
         head.zero_grad()
         zi = z.clone().requires_grad_()
         loss = seeded(fn, zi, y, w)

@@ -5,7 +5,7 @@ from unittest import mock
 
 import pytest
 import torch
-from fake_samplers import Stream
+from fake_samplers import Stream, restart_draws
 
 from lightning_sampled.heads import SampledSoftmaxHead
 from lightning_sampled.heads.in_batch import (
@@ -233,9 +233,11 @@ def test_in_batch_bad_input_is_refused():
     with pytest.raises(ValueError, match="num_negatives must be >= 0"):
         SampledSoftmaxHead(10, 2, num_negatives=-1, in_batch_negatives=True)
     with pytest.raises(ValueError, match="num_negatives must be a positive integer"):
-        SampledSoftmaxHead(10, 2, num_negatives=0)
+        SampledSoftmaxHead(10, 2, num_negatives=0, in_batch_negatives=False)
     with pytest.raises(ValueError, match="only used with in_batch_negatives"):
-        SampledSoftmaxHead(10, 2, target_counts=torch.ones(10))
+        SampledSoftmaxHead(10, 2, target_counts=torch.ones(10), in_batch_negatives=False)
+    with pytest.raises(ValueError, match="True, False or 'auto'"):
+        SampledSoftmaxHead(10, 2, in_batch_negatives=1)
 
 
 def test_a_batch_target_whose_fixed_count_is_zero_gets_a_finite_correct_loss():
@@ -364,4 +366,55 @@ def test_the_candidate_method_is_checked_and_reported():
         SampledSoftmaxHead(10, 4, in_batch_negatives=True, in_batch_candidates="unique")
     head = SampledSoftmaxHead(10, 4, in_batch_negatives=True, in_batch_candidates="sorted")
     assert "in_batch_candidates='sorted'" in repr(head)
-    assert "in_batch_candidates" not in repr(SampledSoftmaxHead(10, 4))
+    default = repr(SampledSoftmaxHead(10, 4))
+    assert "in_batch_negatives='auto', in_batch_candidates='auto'" in default
+    plain = SampledSoftmaxHead(10, 4, in_batch_negatives=False)
+    assert "in_batch_negatives=False," in repr(plain)
+    assert "in_batch_candidates" not in repr(plain)
+
+
+def test_the_default_goes_without_the_batch_where_a_call_brings_its_own_negatives():
+    """``in_batch_negatives="auto"``: ``negatives=`` and ``positives=`` calls are the plain
+    head's (same draws, same loss) and count nothing into ``q_b``; ``True`` refuses them."""
+    torch.manual_seed(0)
+    default = SampledSoftmaxHead(12, 4, UniformSampler(12), 3)
+    plain = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, in_batch_negatives=False)
+    plain.load_state_dict(default.state_dict(), strict=False)
+    z, target = torch.randn(5, 4), torch.tensor([0, 1, 1, 7, 9])
+    given = {
+        "negatives": torch.tensor([2, 3, 11]),
+        "negative_log_q": torch.full((3,), -math.log(12)),
+        "target_log_q": torch.full((5,), -math.log(12)),
+    }
+    torch.testing.assert_close(default(z, target, **given), plain(z, target, **given))
+    several = torch.tensor([[0, 4], [1, 5], [1, -100], [7, 8], [9, 10]])
+    for head in (default, plain):
+        restart_draws(head, 3)
+    torch.testing.assert_close(
+        default(z, several, positives="each"), plain(z, several, positives="each")
+    )
+    assert not default.target_frequency.ready  # neither call counted its targets
+    explicit = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, in_batch_negatives=True)
+    with pytest.raises(ValueError, match="in_batch_negatives=True"):
+        explicit(z, target, **given)
+    with pytest.raises(ValueError, match="in_batch_negatives"):
+        explicit(z, several, positives="each")
+
+
+def test_a_checkpoint_without_q_b_loads_into_the_default_head_with_a_warning():
+    torch.manual_seed(0)
+    plain = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, in_batch_negatives=False)
+    default = SampledSoftmaxHead(12, 4, UniformSampler(12), 3)
+    with pytest.warns(UserWarning, match="q_b is estimated afresh"):
+        default.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(default.weight, plain.weight)
+    assert not default.target_frequency.ready
+    default(torch.randn(5, 4), torch.tensor([0, 1, 1, 7, 9]))  # trains on, counting q_b
+    assert default.target_frequency.ready
+    # inside a model, under its prefix; asked for explicitly, in-batch negatives need q_b
+    model, saved = torch.nn.Sequential(default), torch.nn.Sequential(plain).state_dict()
+    with pytest.warns(UserWarning, match="q_b is estimated afresh"):
+        model.load_state_dict(saved)
+    explicit = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, in_batch_negatives=True)
+    with pytest.raises(RuntimeError, match="target_frequency"):
+        explicit.load_state_dict(plain.state_dict())

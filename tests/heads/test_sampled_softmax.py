@@ -20,8 +20,9 @@ def test_corrected_logits_follow_the_convention(convention):
     probs = torch.softmax(torch.randn(n), 0)
     ids = torch.tensor([3, 7, 3, 0])
     head = SampledSoftmaxHead(
-        n, d, Stream(probs, ids.repeat(2)), 4, bias=True, convention=convention
-    )
+        n, d, Stream(probs, ids.repeat(2)), 4, bias=True, convention=convention,
+        in_batch_negatives=False,
+    )  # fmt: skip
     with torch.no_grad():
         head.bias.normal_()
     z = torch.randn(2, d)
@@ -39,26 +40,26 @@ def test_corrected_logits_follow_the_convention(convention):
     torch.testing.assert_close(loss, F.cross_entropy(got, torch.zeros(2, dtype=torch.long)))
 
 
-def likely_target_bias_gradient_error(convention, sampler, m, draws=4):
+def likely_target_bias_gradient_error(sampler, m, draws=4, batch=None, **options):
     """Relative error of the mean sampled gradient of a bias-only model: 4 classes, ``z = 1``, zero
-    class vectors and biases, targets in the proportions (.6, .25, .1, .05)."""
+    class vectors and biases, targets in the proportions (.6, .25, .1, .05); a head with
+    ``options`` (the plain sampled softmax, no in-batch negatives, unless they say otherwise),
+    the 1,000 targets in one batch or, shuffled, in batches of ``batch`` positions."""
     counts = torch.tensor([600, 250, 100, 50])
     y = torch.repeat_interleave(torch.arange(4), counts)
+    y = y[torch.randperm(y.numel(), generator=torch.Generator().manual_seed(0))]
     z = torch.ones(y.numel(), 1)
     head = SampledSoftmaxHead(
-        4,
-        1,
-        sampler,
-        m,
-        bias=True,
-        convention=convention,
-        weight=torch.nn.Parameter(torch.zeros(4, 1)),
-    )
+        4, 1, sampler, m, bias=True, weight=torch.nn.Parameter(torch.zeros(4, 1)),
+        **{"in_batch_negatives": False, **options},
+    )  # fmt: skip
     (full,) = torch.autograd.grad(head.full_loss(z, y), head.bias)
     total = torch.zeros(4)
     for i in range(draws):
         torch.manual_seed(10 + i)
-        total += torch.autograd.grad(head(z, y), head.bias)[0]
+        for part in y.split(batch or y.numel()):
+            loss = head(z[: part.numel()], part) * (part.numel() / y.numel())
+            total += torch.autograd.grad(loss, head.bias)[0]
     return float((total / draws - full).norm() / full.norm())
 
 
@@ -72,7 +73,7 @@ PROPOSALS = {
 @pytest.mark.parametrize("convention", ["exact_positive", "corrected_all"])
 def test_consistent_conventions_learn_likely_targets(convention, proposal):
     errors = [
-        likely_target_bias_gradient_error(convention, PROPOSALS[proposal](), m)
+        likely_target_bias_gradient_error(PROPOSALS[proposal](), m, convention=convention)
         for m in (5, 50, 1000)
     ]
     assert errors[0] > errors[1] > errors[2], errors
@@ -80,17 +81,28 @@ def test_consistent_conventions_learn_likely_targets(convention, proposal):
 
 
 @pytest.mark.parametrize("proposal", sorted(PROPOSALS))
+def test_the_default_configuration_learns_likely_targets(proposal):
+    """The default (``corrected_all`` with in-batch negatives) on batches of 4 positions, where
+    the 3 in-batch draws cannot carry the estimate: consistent as ``M`` grows (measured: uniform
+    0.096, 0.018, 0.0013; without the batch 0.16, 0.020, 0.0013)."""
+    errors = [
+        likely_target_bias_gradient_error(
+            PROPOSALS[proposal](), m, batch=4, in_batch_negatives="auto"
+        )
+        for m in (5, 50, 1000)
+    ]
+    assert errors[0] > errors[1] > errors[2], errors
+    assert errors[-1] <= 0.01, errors
+
+
+@pytest.mark.parametrize("proposal", sorted(PROPOSALS))
 def test_tensorflow_convention_stays_biased_for_likely_targets(proposal):
     """The documented reason it is not the default: the error does not shrink with M."""
     errors = [
-        likely_target_bias_gradient_error("tensorflow", PROPOSALS[proposal](), m)
+        likely_target_bias_gradient_error(PROPOSALS[proposal](), m, convention="tensorflow")
         for m in (50, 1000)
     ]
     assert min(errors) > 0.2, errors
-
-
-def test_default_convention_is_consistent():
-    assert SampledSoftmaxHead(10, 2).convention == "corrected_all"
 
 
 def test_shared_and_per_query_negatives_agree_on_the_same_draws():
@@ -163,7 +175,10 @@ def test_ignored_positions_do_not_contribute():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(num_negatives=0), "num_negatives"),
+        (dict(num_negatives=0, in_batch_negatives=False), "num_negatives"),
+        (dict(num_negatives=-1), "num_negatives"),
+        (dict(in_batch_negatives="yes"), "in_batch_negatives must be"),
+        (dict(in_batch_negatives=False, target_counts=torch.ones(100)), "target_counts"),
         (dict(sampler=UniformSampler(99)), "sampler.num_classes=99"),
         (dict(sampler=UniformSampler(100, padding_idx=0)), "sampler.padding_idx=0"),
         (dict(sampler=PerQueryOnly(100), shared_negatives=True), "query-independent"),

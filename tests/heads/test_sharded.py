@@ -114,7 +114,10 @@ def make_head(kind: str, options: dict, sharded: bool):
     else:
         sampler = make_sampler(options.pop("sampler"), options.get("padding_idx"))
         sparse = options.pop("sparse", False)
-        head = SampledSoftmaxHead(N, D, sampler, M, sharded=sharded, sparse_grad=sparse, **options)
+        head = SampledSoftmaxHead(
+            N, D, sampler, M, sharded=sharded, sparse_grad=sparse, in_batch_negatives=False,
+            **options,
+        )  # fmt: skip
     weight, bias = table()
     with torch.no_grad():
         ids = head.shard_ids

@@ -61,6 +61,7 @@ def test_r_equal_1_without_correction_is_sampled_softmax_on_the_same_draws():
         weight=tapas.weight,
         bias=True,
         convention="tensorflow",  # under a uniform proposal: every logit shifted alike
+        in_batch_negatives=False,
     )
     with torch.no_grad():
         ssm.bias.copy_(tapas.bias)
@@ -89,6 +90,7 @@ def test_r_equal_1_matches_sampled_softmax_with_seeded_draws():
         shared_negatives=True,
         weight=tapas.weight,
         convention="tensorflow",  # uniform proposal: every logit shifted alike, as uncorrected
+        in_batch_negatives=False,
     )
     z = torch.randn(7, d)
     y = torch.randint(0, n_classes, (7,))

@@ -136,6 +136,7 @@ def test_sampled_loss_with_every_class_drawn_is_the_full_loss(temperature, norma
         num_negatives=N,
         shared_negatives=True,
         convention="exact_positive",
+        in_batch_negatives=False,  # every class drawn: the plain sampled loss is the full one
         bias=True,
         temperature=temperature,
         normalize=normalize,

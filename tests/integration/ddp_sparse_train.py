@@ -95,6 +95,9 @@ class SparseToyModel(L.LightningModule):
             shared_negatives=shared_negatives,
             sparse_grad=True,
             weight=self.embedding.weight,
+            # two ranks' in-batch negatives would be two half batches, not the one process's
+            # whole batch that the two-process tests compare with
+            in_batch_negatives=False,
         )
         # every rank draws the shared negatives one process would (not its own stream)
         self.head.sampler.rank_offset = False

@@ -90,3 +90,38 @@ def test_bad_ids_and_reading_before_any_target_are_errors():
     freq.update(torch.tensor([0]))
     with pytest.raises(IndexError, match="ids"):
         freq.log_prob(torch.tensor([-1]))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_updates_equal_the_dense_averages(backend, one_torch_thread):
+    """Each step's update and read in one compiled graph: every step counts (an in-place update
+    of a 0-dim fp64 buffer was lost under compile, and the estimate stayed empty)."""
+    batches = [torch.tensor([0, 0, 3]), torch.tensor([1, 4, 4]), torch.tensor([4, 2, 0])]
+    freq = TargetFrequency(5, decay=0.3)
+
+    def step(targets):
+        freq.update(targets)
+        return freq.log_prob(torch.arange(5))
+
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    for i in range(len(batches)):
+        torch.testing.assert_close(compiled(batches[i]), dense_ema(batches[: i + 1], 5, 0.3))
+
+
+def test_a_total_saved_0_dim_loads():
+    freq = TargetFrequency(5, decay=0.3)
+    freq.update(torch.tensor([0, 0, 3]))
+    state = freq.state_dict()
+    state["total"] = state["total"].reshape(())  # as saved before it had shape [1]
+    loaded = TargetFrequency(5, decay=0.3)
+    loaded.load_state_dict(state)
+    torch.testing.assert_close(loaded.log_prob(torch.arange(5)), freq.log_prob(torch.arange(5)))
+
+
+def test_a_cast_of_the_model_keeps_the_fp64_counts():
+    freq = TargetFrequency(5, decay=0.01)
+    freq.update(torch.tensor([1, 1, 2]))
+    want = freq.log_prob(torch.arange(5))
+    freq.bfloat16()
+    assert freq.count.dtype == freq.total.dtype == torch.float64
+    torch.testing.assert_close(freq.log_prob(torch.arange(5)), want)
