@@ -51,6 +51,36 @@ def zipf_targets(num: int, num_classes: int, generator: torch.Generator) -> torc
     return torch.multinomial(weights, num, replacement=True, generator=generator)
 
 
+def zipf_batch(
+    positions: int, num_classes: int, dim: int, generator: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A batch on ``device``: ``positions`` targets of :func:`zipf_targets`, Gaussian queries
+    ``[T, D]`` that require grad, and the number of distinct targets."""
+    target = zipf_targets(positions, num_classes, generator)
+    distinct = int(target.unique().numel())
+    z = torch.randn(positions, dim, generator=generator)
+    return target.to(device), z.to(device).requires_grad_(), distinct
+
+
+def medians_against(
+    times: dict[str, list[float]], reference: str
+) -> dict[str, tuple[float, float]]:
+    """Each entry's median seconds of :func:`timed_rounds` and its ratio to the median of
+    ``reference``'s."""
+    base = statistics.median(times[reference])
+    return {name: (statistics.median(s), statistics.median(s) / base) for name, s in times.items()}
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser, *, repeats: int, name: str) -> None:
+    """``--repeats`` (rounds of :func:`timed_rounds`), ``--threads``, ``--device``, ``--name``
+    (the results' file stem) and ``--background``."""
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--name", default=name, help="results file stem")
+    add_background_argument(parser)
+
+
 def make_head(num_classes: int, dim: int, negatives: int, builder: str) -> SampledSoftmaxHead:
     """The in-batch head with ``negatives`` uniform draws per query and its candidates found by
     ``builder``; its table seeded alike for every builder."""
@@ -112,10 +142,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
     device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
     for positions in args.positions:
-        target = zipf_targets(positions, args.classes, generator)
-        distinct = int(target.unique().numel())
-        z = torch.randn(positions, args.dim, generator=generator)
-        target, z = target.to(device), z.to(device).requires_grad_()
+        target, z, distinct = zipf_batch(positions, args.classes, args.dim, generator, device)
         for head_name, negatives in HEADS.items():
             heads = {
                 b: make_head(args.classes, args.dim, negatives, b).to(device) for b in BUILDERS
@@ -123,10 +150,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
             if negatives == 0:  # no draws: the two builders give one loss
                 check_same_loss(heads, z, target)
             fns = {name: step_fn(head, z, target) for name, head in heads.items()}
-            times = timed_rounds(fns, args.repeats, device)
-            reference = statistics.median(times["distinct"])
-            for name, seconds in times.items():
-                median = statistics.median(seconds)
+            medians = medians_against(timed_rounds(fns, args.repeats, device), "distinct")
+            for name, (median, ratio) in medians.items():
                 rows.append(
                     {
                         "device": args.device,
@@ -136,13 +161,13 @@ def measure(args: argparse.Namespace) -> list[dict]:
                         "candidates": name,
                         "logit_columns": positions if name == "sorted" else distinct,
                         "median_ms": 1e3 * median,
-                        "vs_distinct": median / reference,
+                        "vs_distinct": ratio,
                     }
                 )
             print(
                 f"T={positions} U={distinct} {head_name}: sorted "
-                f"{1e3 * statistics.median(times['sorted']):.2f} ms, distinct "
-                f"{1e3 * reference:.2f} ms",
+                f"{1e3 * medians['sorted'][0]:.2f} ms, distinct "
+                f"{1e3 * medians['distinct'][0]:.2f} ms",
                 flush=True,
             )
     return rows
@@ -153,11 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--positions", type=int, nargs="+", default=[256, 1120, 4096])
     parser.add_argument("--classes", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--name", default="in_batch_step", help="results file stem")
-    add_background_argument(parser)
+    add_timing_arguments(parser, repeats=9, name="in_batch_step")
     args = parser.parse_args(argv)
     if min(*args.positions, args.classes, args.dim, args.repeats, args.threads) < 1:
         parser.error("--positions, --classes, --dim, --repeats and --threads must be >= 1")

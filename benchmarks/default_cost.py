@@ -1,0 +1,148 @@
+"""The price of the default configuration: one training step of ``SampledSoftmaxHead`` with the
+batch's other targets as further negatives (``in_batch_negatives="auto"``, the default since
+issue 31) against the same head without them (``in_batch_negatives=False``, the plain sampled
+softmax), at the batch shapes of the recipes.
+
+Each shape (``--shapes``, :data:`SHAPES`) is a recipe's batch: ``T`` scored positions, ``N``
+classes, ``D`` dimensions and ``M`` uniform draws per query, the targets drawn from a Zipf law
+over the classes (``p(i) ∝ 1 / (i + 1)``, as ``benchmarks/head_step.py``), so that the batch holds
+``U`` distinct targets. The default adds one ``[T, U]`` product (and its correction) to the plain
+head's ``[T, M]`` one; ``U`` grows with ``T`` and, for a large catalog, approaches it. Both heads
+start from the same table and take the row-sparse gradient where the recipe does
+(``sparse_grad``). A step is the forward and backward of the head alone (no encoder, no optimizer):
+what the whole step of a recipe adds to this is the same for both, so the recipes' own step
+ratios are smaller (``benchmarks/results/REPORT.md``, section 11). The two heads alternate round by
+round (:func:`benchmarks.in_batch_step.timed_rounds`), so that other processes' load hits both
+alike, and the median of ``--repeats`` rounds is reported with the ratio default / plain.
+
+Run: ``python -m benchmarks.default_cost [--shapes ptb gcide ml1m synthetic_1m] [--repeats 7]
+[--threads 1] [--device cpu|cuda] [--background TEXT]``; results in
+``benchmarks/results/default_cost.{csv,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import NamedTuple
+
+import torch
+
+from lightning_sampled.heads import SampledSoftmaxHead
+
+from .common import load_average, load_header, write_results
+from .in_batch_step import (
+    add_timing_arguments,
+    medians_against,
+    step_fn,
+    timed_rounds,
+    zipf_batch,
+)
+
+
+class Shape(NamedTuple):
+    """A recipe's batch: ``positions`` (T), ``classes`` (N), ``dim`` (D), ``negatives`` (M)
+    uniform draws per query, and whether the class table's gradient is row-sparse."""
+
+    recipe: str
+    positions: int
+    classes: int
+    dim: int
+    negatives: int
+    sparse: bool
+
+
+#: the recipes' batches (``recipes/configs``): PTB 20 x 35 tokens, GCIDE 32 x 35 over 108,620
+#: words (row-sparse), MovieLens-1M 128 users x 200 items (SASRec, GRU4Rec), and the 1M-item
+#: SASRec 128 x 50 (row-sparse)
+SHAPES = {
+    "ptb": Shape("lstm_ptb", 700, 10_000, 200, 20, False),
+    "gcide": Shape("lstm_gcide", 1_120, 108_620, 256, 20, True),
+    "ml1m": Shape("sasrec_ml-1m", 25_600, 3_706, 64, 100, False),
+    "synthetic_1m": Shape("sasrec_synthetic-1m", 6_400, 1_000_000, 64, 20, True),
+}
+#: head name -> ``in_batch_negatives``
+HEADS = {"default": "auto", "plain": False}
+
+
+def make_head(shape: Shape, in_batch: bool | str) -> SampledSoftmaxHead:
+    """The recipe's sampled head with uniform draws, its table seeded alike for both heads."""
+    torch.manual_seed(0)
+    return SampledSoftmaxHead(
+        shape.classes,
+        shape.dim,
+        num_negatives=shape.negatives,
+        in_batch_negatives=in_batch,
+        sparse_grad=shape.sparse,
+    )
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    """One row per shape and head: median step seconds and the ratio to the plain head's."""
+    rows = []
+    device = torch.device(args.device)
+    generator = torch.Generator().manual_seed(0)
+    for name in args.shapes:
+        shape = SHAPES[name]
+        target, z, distinct = zipf_batch(
+            shape.positions, shape.classes, shape.dim, generator, device
+        )
+        fns = {
+            head: step_fn(make_head(shape, in_batch).to(device), z, target)
+            for head, in_batch in HEADS.items()
+        }
+        medians = medians_against(timed_rounds(fns, args.repeats, device), "plain")
+        for head, (median, ratio) in medians.items():
+            rows.append(
+                {
+                    "device": args.device,
+                    **shape._asdict(),
+                    "distinct_targets": distinct,
+                    "head": head,
+                    "median_ms": 1e3 * median,
+                    "vs_plain": ratio,
+                }
+            )
+        print(
+            f"{name}: T={shape.positions} U={distinct}: default "
+            f"{1e3 * medians['default'][0]:.1f} ms, plain {1e3 * medians['plain'][0]:.1f} ms",
+            flush=True,
+        )
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    add_timing_arguments(parser, repeats=7, name="default_cost")
+    args = parser.parse_args(argv)
+    if min(args.repeats, args.threads) < 1:
+        parser.error("--repeats and --threads must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_start = load_average()
+    rows = measure(args)
+    notes = (
+        "One forward and backward of `SampledSoftmaxHead` with uniform draws, the default "
+        'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
+        "against the plain head (`in_batch_negatives=False`), at the recipes' batch shapes, Zipf "
+        f"targets; median of {args.repeats} rounds, the two heads alternating; `vs_plain`: the "
+        "ratio to the plain head in the same rounds. Command: `python -m benchmarks.default_cost "
+        f"--shapes {' '.join(args.shapes)} --repeats {args.repeats} --threads {args.threads} "
+        f"--device {args.device}`."
+    )
+    write_results(
+        args.name,
+        rows,
+        title="The default configuration's price: in-batch negatives beside the draws",
+        header=load_header(load_start, load_average(), args.background),
+        notes=notes,
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""benchmarks.default_cost at tiny shapes: both heads timed at every shape, the ratio against the
+plain head of the same rounds, and the two heads the configurations they are named for."""
+
+import csv
+
+import torch
+
+from benchmarks import default_cost
+
+
+def test_main_times_the_default_and_the_plain_head_at_every_shape(tmp_path, monkeypatch):
+    tiny = {
+        "dense": default_cost.Shape("tiny", 60, 300, 8, 5, False),
+        "sparse": default_cost.Shape("tiny_sparse", 40, 2_000, 8, 3, True),
+    }
+    monkeypatch.setattr(default_cost, "SHAPES", tiny)
+    name = str(tmp_path / "dc")
+    argv = ["--shapes", "dense", "sparse", "--repeats", "2", "--device", "cpu"]
+    rows = default_cost.main([*argv, "--name", name])
+    assert [(r["recipe"], r["head"]) for r in rows] == [
+        (s, h) for s in ("tiny", "tiny_sparse") for h in ("default", "plain")
+    ]
+    for row in rows:
+        assert row["median_ms"] > 0 and 0 < row["distinct_targets"] <= row["positions"]
+        if row["head"] == "plain":
+            assert row["vs_plain"] == 1.0
+    with open(name + ".csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert "in_batch_negatives=False" in open(name + ".md").read()
+
+
+def test_the_heads_are_the_default_and_the_plain_configuration():
+    shape = default_cost.Shape("tiny", 6, 30, 4, 2, True)
+    default = default_cost.make_head(shape, default_cost.HEADS["default"])
+    plain = default_cost.make_head(shape, default_cost.HEADS["plain"])
+    assert default.in_batch_setting == "auto" and plain.in_batch_setting is False
+    assert default.sparse_grad and torch.equal(default.weight, plain.weight)
