@@ -38,7 +38,7 @@ def section_estimator(inputs: Inputs) -> list[str]:
         "Which configuration `SampledSoftmaxHead` defaults to: each cell (task x proposal x "
         "negatives per query or shared) trained under each convention and, as "
         "`corrected_all+batch`, under `corrected_all` with the batch's other targets as further "
-        "negatives, the default configuration since issue 31 (`in_batch_negatives=\"auto\"`); "
+        'negatives, the default configuration since issue 31 (`in_batch_negatives="auto"`); '
         "several seeds, on a GPU or, where its task's line says so, on the CPU "
         f"(`{COMMAND}`; how it ran: `recipes/RESULTS.md`, 'The default estimator, cell by "
         "cell'). Source: "
