@@ -67,8 +67,8 @@ def medians_against(
 ) -> dict[str, tuple[float, float]]:
     """Each entry's median seconds of :func:`timed_rounds` and its ratio to the median of
     ``reference``'s."""
-    base = statistics.median(times[reference])
-    return {name: (statistics.median(s), statistics.median(s) / base) for name, s in times.items()}
+    medians = {name: statistics.median(seconds) for name, seconds in times.items()}
+    return {name: (median, median / medians[reference]) for name, median in medians.items()}
 
 
 def add_timing_arguments(parser: argparse.ArgumentParser, *, repeats: int, name: str) -> None:

@@ -25,9 +25,11 @@ GRU4Rec, per query             0.1543             0.1478                       0
 On a 200,000-class catalog at equal steps (``benchmarks/large_catalog.py``) it reaches 0.98x the
 full softmax's NDCG@10 with 100 uniform or MIDX-rq negatives, where they alone reach 0.79x and
 0.90x. The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
-positions: on a CPU the step cost 1.2-1.3x the plain head's on the language models and about 2x
-on MovieLens-1M, whose batches hold 20,000 positions over 3,000 items; where that matters more
-than the quality, ``in_batch_negatives=False`` is the plain sampled softmax.
+positions: on a CPU the head's step alone cost 1.6x the plain head's at PTB's batch (700
+positions), 2.7x at MovieLens-1M's (25,600 over 3,706 items) and 23x at a 1M-item SASRec batch
+(6,400 positions, 3,555 distinct; ``benchmarks/results/default_cost.md``), the recipes' whole
+steps 1.2-4.7x; where that matters more than the quality, ``in_batch_negatives=False`` is the
+plain sampled softmax.
 
 The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and mask:
 
@@ -303,7 +305,7 @@ class SampledSoftmaxHead(ProposalHead):
             raise ValueError(
                 "negatives= replaces the drawn negatives of a head without in_batch_negatives on "
                 "a whole table; this head has "
-                + ("in_batch_negatives=True" if self.in_batch_negatives else "a split table")
+                + ("in_batch_negatives=True" if self.refuses_batch_free_calls else "a split table")
             )
         given = given_negatives(
             negatives, negative_log_q, target_log_q, target, self.num_classes, self.padding_idx

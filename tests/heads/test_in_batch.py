@@ -418,3 +418,13 @@ def test_a_checkpoint_without_q_b_loads_into_the_default_head_with_a_warning():
     explicit = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, in_batch_negatives=True)
     with pytest.raises(RuntimeError, match="target_frequency"):
         explicit.load_state_dict(plain.state_dict())
+
+
+def test_a_split_default_head_refuses_given_negatives_naming_the_split_table():
+    head = SampledSoftmaxHead(12, 4, UniformSampler(12), 3)
+    with mock.patch.object(SampledSoftmaxHead, "is_split", True):
+        with pytest.raises(ValueError, match="this head has a split table"):
+            head(
+                torch.randn(2, 4), torch.tensor([0, 1]), negatives=torch.tensor([2, 3]),
+                negative_log_q=torch.zeros(2), target_log_q=torch.zeros(2),
+            )  # fmt: skip
