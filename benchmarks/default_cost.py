@@ -15,8 +15,12 @@ ratios are smaller (``benchmarks/results/REPORT.md``, section 11). The two heads
 round (:func:`benchmarks.in_batch_step.timed_rounds`), so that other processes' load hits both
 alike, and the median of ``--repeats`` rounds is reported with the ratio default / plain.
 
-Run: ``python -m benchmarks.default_cost [--shapes ptb gcide ml1m synthetic_1m] [--repeats 7]
-[--threads 1] [--device cpu|cuda] [--background TEXT]``; results in
+``--limits K ...`` adds the default head with ``max_in_batch_draws=K`` (named ``default K``): the
+targets of ``K`` positions drawn at random are the in-batch candidates, ``[T, <= K]`` instead
+of ``[T, U]``; a limit at or above ``T`` changes nothing, so it is timed only below ``T``.
+
+Run: ``python -m benchmarks.default_cost [--shapes ptb gcide ml1m synthetic_1m] [--limits 256
+1024] [--repeats 7] [--threads 1] [--device cpu|cuda] [--background TEXT]``; results in
 ``benchmarks/results/default_cost.{csv,md}``.
 """
 
@@ -64,8 +68,9 @@ SHAPES = {
 HEADS = {"default": "auto", "plain": False}
 
 
-def make_head(shape: Shape, in_batch: bool | str) -> SampledSoftmaxHead:
-    """The recipe's sampled head with uniform draws, its table seeded alike for both heads."""
+def make_head(shape: Shape, in_batch: bool | str, limit: int | None = None) -> SampledSoftmaxHead:
+    """The recipe's sampled head with uniform draws (at most ``limit`` in-batch ones), its
+    table seeded alike for every head."""
     torch.manual_seed(0)
     return SampledSoftmaxHead(
         shape.classes,
@@ -73,7 +78,17 @@ def make_head(shape: Shape, in_batch: bool | str) -> SampledSoftmaxHead:
         num_negatives=shape.negatives,
         in_batch_negatives=in_batch,
         sparse_grad=shape.sparse,
+        max_in_batch_draws=limit,
     )
+
+
+def heads_of(shape: Shape, limits: list[int]) -> dict[str, SampledSoftmaxHead]:
+    """The default and the plain head, and the default under each limit below ``T``."""
+    heads = {name: make_head(shape, in_batch) for name, in_batch in HEADS.items()}
+    for limit in limits:
+        if limit < shape.positions:
+            heads[f"default {limit}"] = make_head(shape, "auto", limit)
+    return heads
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
@@ -87,8 +102,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
             shape.positions, shape.classes, shape.dim, generator, device
         )
         fns = {
-            head: step_fn(make_head(shape, in_batch).to(device), z, target)
-            for head, in_batch in HEADS.items()
+            name: step_fn(head.to(device), z, target)
+            for name, head in heads_of(shape, args.limits).items()
         }
         medians = medians_against(timed_rounds(fns, args.repeats, device), "plain")
         for head, (median, ratio) in medians.items():
@@ -102,21 +117,21 @@ def measure(args: argparse.Namespace) -> list[dict]:
                     "vs_plain": ratio,
                 }
             )
-        print(
-            f"{name}: T={shape.positions} U={distinct}: default "
-            f"{1e3 * medians['default'][0]:.1f} ms, plain {1e3 * medians['plain'][0]:.1f} ms",
-            flush=True,
-        )
+        times = ", ".join(f"{head} {1e3 * median:.1f} ms" for head, (median, _) in medians.items())
+        print(f"{name}: T={shape.positions} U={distinct}: {times}", flush=True)
     return rows
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument(
+        "--limits", nargs="*", type=int, default=[256, 1024], help="max_in_batch_draws to time"
+    )
     add_timing_arguments(parser, repeats=7, name="default_cost")
     args = parser.parse_args(argv)
-    if min(args.repeats, args.threads) < 1:
-        parser.error("--repeats and --threads must be >= 1")
+    if min(args.repeats, args.threads, *args.limits) < 1:
+        parser.error("--repeats, --threads and --limits must be >= 1")
     return args
 
 
@@ -129,10 +144,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "One forward and backward of `SampledSoftmaxHead` with uniform draws, the default "
         'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
         "against the plain head (`in_batch_negatives=False`), at the recipes' batch shapes, Zipf "
-        f"targets; median of {args.repeats} rounds, the two heads alternating; `vs_plain`: the "
-        "ratio to the plain head in the same rounds. Command: `python -m benchmarks.default_cost "
-        f"--shapes {' '.join(args.shapes)} --repeats {args.repeats} --threads {args.threads} "
-        f"--device {args.device}`."
+        "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T); median of "
+        f"{args.repeats} rounds, the heads alternating; `vs_plain`: the ratio to the plain head "
+        "in the same rounds. Command: `python -m benchmarks.default_cost --shapes "
+        f"{' '.join(args.shapes)} --limits {' '.join(map(str, args.limits))} --repeats "
+        f"{args.repeats} --threads {args.threads} --device {args.device}`."
     )
     write_results(
         args.name,

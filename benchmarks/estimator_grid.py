@@ -8,8 +8,9 @@ large-catalog heads, one epoch over the first :data:`GCIDE_STEPS` training windo
 with the proposals ``uniform``, ``unigram`` and ``midx_rq`` (``recipes/configs/heads/<name>.yaml``)
 drawn per query, and ``uniform`` and ``unigram`` shared by the batch (``shared_negatives=True``;
 MIDX's proposal depends on the query, so it has no shared form). Every sampled cell trains under
-each of ``--conventions`` (:data:`CONFIGURATIONS`: ``SampledSoftmaxHead(convention=...)``, and
-``corrected_all+batch``, the same with ``in_batch_negatives=True``); each task also trains the full
+each of ``--conventions`` (:data:`CONFIGURATIONS`: ``SampledSoftmaxHead(convention=...)``,
+``corrected_all+batch``, the same with ``in_batch_negatives=True``, and ``corrected_all+batchK``,
+that with ``max_in_batch_draws=K``); each task also trains the full
 softmax and CANE (``cane.yaml``; on the language models 4 beam candidates and 16 noises, as
 Table 4's row), for reference. Each run validates exactly after every epoch (GCIDE: every 500
 steps, on the recipe's first 10,000 validation tokens; perplexity over the whole vocabulary,
@@ -110,11 +111,20 @@ CELLS = (
 )
 #: the head configurations a sampled cell can train (``--conventions``): a convention, or
 #: ``corrected_all`` with the batch's other targets as further negatives (mixed negatives,
-#: ``in_batch_negatives=True``), the library's default configuration since issue 31
+#: ``in_batch_negatives=True``), the library's default configuration since issue 31, and that
+#: with at most ``K`` in-batch draws per query (``max_in_batch_draws``)
 CONFIGURATIONS = {
     "exact_positive": {"convention": "exact_positive", "in_batch_negatives": False},
     "corrected_all": {"convention": "corrected_all", "in_batch_negatives": False},
     "corrected_all+batch": {"convention": "corrected_all", "in_batch_negatives": True},
+    **{
+        f"corrected_all+batch{k}": {
+            "convention": "corrected_all",
+            "in_batch_negatives": True,
+            "max_in_batch_draws": k,
+        }
+        for k in (256, 1024)
+    },
 }
 #: the configurations trained by default
 CONVENTIONS = ("exact_positive", "corrected_all")

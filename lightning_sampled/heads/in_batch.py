@@ -22,6 +22,15 @@ logits instead of ``[T, U]``; elsewhere by ``torch.unique`` (:func:`distinct_can
 columns), which on the CPU is the cheaper (``benchmarks/in_batch_step.py``: there the sorted
 step costs up to twice as much, at 4,096 positions). A position left out (an ignored position
 kept, weighted 0, for static shapes) is neither a candidate nor a draw.
+
+The ``[T, U]`` block grows with the batch: at a 1M-item SASRec batch (6,400 positions, 3,555
+distinct targets, 20 sampled negatives) it made the head's step 23x the plain head's on a CPU
+(``benchmarks/results/default_cost.md``). A limit ``K`` on the in-batch draws bounds it: the
+targets of ``K`` positions drawn at random without replacement (:func:`drawn_positions`) are the
+candidates (:func:`limited_candidates`), ``[T, U_K]`` with ``U_K <= K``. Drawn independently of
+the queries, they are still draws from ``q_b``, ``K`` per query, ``K - 1`` for a query whose own
+position was drawn, and the correction of row ``t`` is ``log(M q_s + n_t q_b)`` with its own
+``n_t``.
 """
 
 from __future__ import annotations
@@ -112,21 +121,88 @@ def sorted_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCandid
     return BatchCandidates(target.index_select(0, order), counts, column)
 
 
+class DrawnPositions(NamedTuple):
+    """The positions whose targets are the in-batch draws under a limit.
+
+    Attributes:
+        index: long ``[K]`` the drawn positions.
+        drawn: bool ``[T]`` whether each position is one of them (its own column then counts
+            one draw less: :func:`in_batch_logits`'s ``own``).
+        num_scored: how many drawn positions are scored: ``K``, or a long scalar tensor where
+            a mask leaves positions out.
+    """
+
+    index: Tensor
+    drawn: Tensor
+    num_scored: int | Tensor
+
+    def draws_per_row(self) -> Tensor:
+        """long ``[T, 1]``: each position's in-batch draws, the scored drawn positions but its
+        own."""
+        return (self.num_scored - self.drawn.long()).clamp(min=0)[:, None]
+
+
+def drawn_positions(
+    target: Tensor, limit: int, mask: Tensor | None, generator: torch.Generator | None
+) -> DrawnPositions:
+    """``limit`` of the positions of a batch of targets ``[T]`` drawn uniformly without
+    replacement from the scored ones (bool ``mask`` ``[T]``; ``None``: all), by random keys
+    from ``generator`` (``None``: torch's default). Where fewer are scored (static shapes), the
+    rest are left-out positions, which :func:`limited_candidates` does not count. Fixed shapes,
+    no host sync."""
+    keys = torch.rand(target.shape, device=target.device, generator=generator)
+    if mask is not None:
+        keys = keys.masked_fill(~mask, 2.0)  # after every scored position
+    index = keys.topk(limit, largest=False, sorted=False).indices
+    drawn = torch.zeros_like(target, dtype=torch.bool).index_fill_(0, index, True)
+    num_scored = limit if mask is None else mask.index_select(0, index).sum()
+    return DrawnPositions(index, drawn, num_scored)
+
+
+def limited_candidates(
+    target: Tensor, mask: Tensor | None, positions: DrawnPositions, method: str = "auto"
+) -> BatchCandidates:
+    """The candidates of the drawn ``positions`` (:func:`drawn_positions`) of a batch of
+    targets ``[T]`` (``mask`` as in :func:`batch_candidates`): ``ids [U_K]`` and ``counts
+    [U_K]``, the distinct targets of the scored drawn positions (:func:`batch_candidates` by
+    ``method``) counted among them, and every position's ``column [T]``, its own target's
+    (``-1`` where no drawn position holds it, or the position is left out)."""
+    index = positions.index
+    drawn_mask = None if mask is None else mask.index_select(0, index)
+    drawn = batch_candidates(target.index_select(0, index), drawn_mask, method)
+    # the counted columns' ids are sorted, the others repeat an earlier id or trail: keep each
+    # counted id to the next one, and a binary search finds the counted column of any class
+    counted = drawn.counts > 0
+    keys = torch.where(counted, drawn.ids, -1).cummax(0).values
+    column = torch.searchsorted(keys, target).clamp(max=max(keys.numel() - 1, 0))
+    found = (keys.gather(0, column) == target) & counted.gather(0, column)
+    if mask is not None:
+        found &= mask
+    return BatchCandidates(drawn.ids, drawn.counts, column.where(found, -1))
+
+
 def in_batch_logits(
-    logits: Tensor, log_size: Tensor, candidates: BatchCandidates, remove_hits: bool
+    logits: Tensor,
+    log_size: Tensor,
+    candidates: BatchCandidates,
+    remove_hits: bool,
+    own: Tensor | None = None,
 ) -> Tensor:
     """Corrected in-batch logits ``[T, U]``: ``o_u + log(#other positions holding u) - log_size``.
 
     Every position but ``t`` itself holding ``u`` is one in-batch draw of ``u``, so column ``u``
-    counts ``counts[u]`` draws, less one in the position's own column (``u = y_t``). That own
-    column holds exactly the accidental hits, so ``remove_hits`` sets it to ``-inf`` instead.
-    One ``[T, U]`` pass and an in-place fix of ``T`` entries; no ``[T, U]`` index or mask.
+    counts ``counts[u]`` draws, less one in the position's own column (``u = y_t``) when the
+    position is itself among the counted ones (``own``). That own column holds exactly the
+    accidental hits, so ``remove_hits`` sets it to ``-inf`` instead. One ``[T, U]`` pass and an
+    in-place fix of ``T`` entries; no ``[T, U]`` index or mask.
 
     Args:
         logits: ``[T, U]`` fp32 ``o_u`` of the distinct targets for every position.
         log_size: ``[U]`` or ``[T, U]`` the candidates' corrections (:func:`log_mixture_size`).
         candidates: the batch's :class:`BatchCandidates`.
         remove_hits: mask the own column (the conventions that remove accidental hits).
+        own: bool ``[T]``, the positions counted in ``candidates.counts``
+            (:func:`limited_candidates`); ``None``: every one with a column.
     """
     counts = candidates.counts.to(logits.dtype)
     # a column counted 0 is no candidate: -inf, whatever its log-size (even -inf)
@@ -137,11 +213,13 @@ def in_batch_logits(
     rows = torch.arange(logits.shape[0], device=logits.device)
     listed = candidates.column >= 0
     column = candidates.column.clamp(min=0)
-    own = (rows, column)
+    cell = (rows, column)
     if remove_hits:  # a row whose own target is not listed keeps its value
-        return corrected.index_put_(own, corrected[own].masked_fill(listed, -math.inf))
+        return corrected.index_put_(cell, corrected[cell].masked_fill(listed, -math.inf))
     fewer = (counts - 1).log() - counts.log()  # log((n - 1) / n), -inf where n = 1
-    return corrected.index_put_(own, fewer[column].masked_fill(~listed, 0.0), accumulate=True)
+    counted_self = listed if own is None else listed & own
+    fix = fewer[column].masked_fill(~counted_self, 0.0)
+    return corrected.index_put_(cell, fix, accumulate=True)
 
 
 def log_mixture_size(
@@ -155,13 +233,14 @@ def log_mixture_size(
         num_sampled: ``M``, the sampler's draws per query.
         log_q_batch: ``log q_b`` of the candidates under the targets' distribution.
         num_batch: ``T - 1``, the in-batch draws per query (a long scalar tensor where the
-            scored positions are counted on the device).
+            scored positions are counted on the device; long ``[T, 1]``, one per row, under a
+            limit: :meth:`DrawnPositions.draws_per_row`).
 
     Returns:
         fp32 tensor of the broadcast shape.
     """
     if isinstance(num_batch, Tensor):
-        log_batch = num_batch.double().log()
+        log_batch = num_batch.double().log().float()  # [T, 1] per row must not promote
     else:
         log_batch = math.log(num_batch) if num_batch else -math.inf
     batch_term = log_q_batch.float() + log_batch

@@ -25,10 +25,13 @@ GRU4Rec, per query             0.1543             0.1478                       0
 On a 200,000-class catalog at equal steps (``benchmarks/large_catalog.py``) it reaches 0.98x the
 full softmax's NDCG@10 with 100 uniform or MIDX-rq negatives, where they alone reach 0.79x and
 0.90x. The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
-positions: on a CPU the head's step alone cost 1.6x the plain head's at PTB's batch (700
-positions), 2.7x at MovieLens-1M's (25,600 over 3,706 items) and 23x at a 1M-item SASRec batch
+positions: on a CPU the head's step alone cost 1.7x the plain head's at PTB's batch (700
+positions), 2.7x at MovieLens-1M's (25,600 over 3,706 items) and 19x at a 1M-item SASRec batch
 (6,400 positions, 3,555 distinct; ``benchmarks/results/default_cost.md``), the recipes' whole
-steps 1.2-4.7x; where that matters more than the quality, ``in_batch_negatives=False`` is the
+steps 1.2-4.7x. ``max_in_batch_draws=K`` bounds it: the targets of ``K`` positions drawn at
+random each step are the in-batch candidates, ``K`` draws per query instead of ``T - 1`` (with
+``K = 256``: 1.07x the plain head's step at MovieLens-1M's batch, 2.4x at the 1M-item one,
+against 2.7x and 19x unbounded, measured side by side); ``in_batch_negatives=False`` is the
 plain sampled softmax.
 
 The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and mask:
@@ -88,7 +91,16 @@ from torch import Tensor
 from .._validation import check_async, check_int, check_positive_int
 from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
-from .in_batch import CANDIDATE_METHODS, batch_candidates, in_batch_logits, log_mixture_size
+from .in_batch import (
+    CANDIDATE_METHODS,
+    BatchCandidates,
+    DrawnPositions,
+    batch_candidates,
+    drawn_positions,
+    in_batch_logits,
+    limited_candidates,
+    log_mixture_size,
+)
 from .inputs import given_negatives, nothing_scored, reduce_losses
 from .losses import (
     check_convention,
@@ -105,16 +117,20 @@ from .stratified import stratified_losses, stratum_size
 
 class BatchProposal(NamedTuple):
     """In-batch negatives' proposal for one batch: ``q_b``, the draws per query (``T - 1``, a
-    long scalar tensor where ``mask`` is given) and the batch's targets (long ``[T]``), which
-    floor ``q_b`` (:meth:`TargetFrequency.log_prob`), but those ``mask`` (bool ``[T]``, or
-    ``None``) leaves out. ``counted``: the batch was just counted into a moving estimate, so the
-    floor cannot change it."""
+    long scalar tensor where ``mask`` is given; long ``[T, 1]``, one per row, where
+    ``positions`` is given) and the batch's targets (long ``[T]``), which floor ``q_b``
+    (:meth:`TargetFrequency.log_prob`), but those ``mask`` (bool ``[T]``, or ``None``) leaves
+    out. ``counted``: the batch was just counted into a moving estimate, so the floor cannot
+    change it. ``positions``: the positions whose targets are the draws under
+    ``max_in_batch_draws`` (:func:`~lightning_sampled.heads.in_batch.drawn_positions`),
+    ``None`` for every scored one."""
 
     frequency: TargetFrequency
     num_draws: int | Tensor
     targets: Tensor
     mask: Tensor | None
     counted: bool
+    positions: DrawnPositions | None = None
 
     def log_prob(self, ids: Tensor) -> Tensor:
         """``log q_b`` of class ids of any shape, floored by the batch's targets."""
@@ -170,6 +186,11 @@ class SampledSoftmaxHead(ProposalHead):
             :data:`~lightning_sampled.heads.in_batch.FIXED_SHAPE_POSITIONS` positions (no host
             sync, no graph break) and uses ``torch.unique`` elsewhere; ``"sorted"`` or
             ``"distinct"`` force one (over a split table the candidates are always distinct).
+        max_in_batch_draws: at most this many in-batch draws per query: where more positions
+            are scored (over a split table: in every rank's batch together), the targets of
+            this many positions drawn at random each step are the candidates
+            (:func:`~lightning_sampled.heads.in_batch.limited_candidates`), which bounds the
+            ``[T, U]`` block at ``[T, K]``. ``None`` (the default): every other position's.
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
@@ -192,6 +213,7 @@ class SampledSoftmaxHead(ProposalHead):
         target_counts: Tensor | None = None,
         frequency_decay: float = 0.01,
         in_batch_candidates: str = "auto",
+        max_in_batch_draws: int | None = None,
         **options: Any,
     ) -> None:
         super().__init__(num_classes, dim, sampler, **options)
@@ -226,12 +248,29 @@ class SampledSoftmaxHead(ProposalHead):
             self.num_negatives = check_positive_int("num_negatives", num_negatives)
             if target_counts is not None:
                 raise ValueError("target_counts is only used with in_batch_negatives=True")
+        #: ``K``, the most in-batch draws per query (``None``: no limit)
+        self.max_in_batch_draws = self._checked_limit(max_in_batch_draws)
         self.shared_negatives = bool(shared_negatives)
         check_convention(convention)
         self.convention = convention
         #: ``M_r``, this rank's draws per query over a split table (:func:`stratum_size`)
         self.num_local_negatives = self.num_negatives
         self._shard_if_distributed()
+
+    def _checked_limit(self, limit: int | None) -> int | None:
+        """``max_in_batch_draws``, checked: a positive int, at least 2 without sampled draws
+        (a drawn position's own row would have none), and only with in-batch negatives."""
+        if limit is None:
+            return None
+        if not self.in_batch_negatives:
+            raise ValueError("max_in_batch_draws limits in-batch negatives: not with False")
+        check_positive_int("max_in_batch_draws", limit)
+        if self.num_negatives == 0 and limit < 2:
+            raise ValueError(
+                f"max_in_batch_draws must be >= 2 with num_negatives=0 (a drawn position's own "
+                f"row has one draw fewer), got {limit}"
+            )
+        return limit
 
     def _after_growth(self, num_new: int) -> None:
         """:meth:`ProposalHead._after_growth`, and the in-batch frequency estimate grows."""
@@ -396,7 +435,7 @@ class SampledSoftmaxHead(ProposalHead):
             pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
             columns = [self._corrected(neg, draw.ids, draw.log_q, target, batch)]
         if batch is not None:
-            candidates = batch_candidates(target, mask, self.in_batch_candidates)
+            candidates, own = self.in_batch_candidates_of(target, mask, batch)
             ids = candidates.ids
             if pos is None:
                 pos, neg = self.target_and_candidate_logits(z, target, ids)
@@ -407,9 +446,11 @@ class SampledSoftmaxHead(ProposalHead):
                 with torch.no_grad():
                     log_q = self.sampler.log_prob(z.detach(), ids)
             log_size = self.log_size(ids, log_q, batch)
-            columns.append(in_batch_logits(neg, log_size, candidates, self.removes_accidental_hits))
+            columns.append(
+                in_batch_logits(neg, log_size, candidates, self.removes_accidental_hits, own)
+            )
         if self.corrects_positive:
-            log_size = self.log_size(target, pos_log_q, batch)
+            log_size = self.positive_log_size(target, pos_log_q, batch)
             if mask is not None:  # a left-out position's stand-in may have q_b = 0: keep it finite
                 log_size = log_size.where(mask, 0.0)
             pos = pos - log_size
@@ -449,10 +490,30 @@ class SampledSoftmaxHead(ProposalHead):
             weights = None if mask is None else mask.double()
             counts = torch.bincount(target, weights=weights, minlength=self.num_classes)
             frequency = TargetFrequency(self.num_classes, counts=counts)
+        counted = self.training and not frequency.fixed
+        limit = self.max_in_batch_draws
+        if limit is not None and target.numel() > limit:
+            # the same positions on every rank: over a split table each scores its own classes
+            generator = self.sampler.draw_generator(target.device, per_rank=False)
+            positions = drawn_positions(target, limit, mask, generator)
+            draws = positions.draws_per_row()
+            return BatchProposal(frequency, draws, target, mask, counted, positions)
         # no draw at all where no position is scored (static shapes: every one left out)
         draws = scored - 1 if mask is None else (scored - 1).clamp(min=0)
-        counted = self.training and not frequency.fixed
         return BatchProposal(frequency, draws, target, mask, counted)
+
+    def in_batch_candidates_of(
+        self, target: Tensor, mask: Tensor | None, batch: BatchProposal, method: str | None = None
+    ) -> tuple[BatchCandidates, Tensor | None]:
+        """The in-batch candidates of a batch of targets ``[T]`` (``mask`` as in
+        :meth:`sampled_logits`) under ``batch``'s design, found by ``method`` (default
+        ``in_batch_candidates``): every scored position's target, or under
+        ``max_in_batch_draws`` the drawn positions' (and bool ``[T]``, which positions were
+        drawn, for :func:`~lightning_sampled.heads.in_batch.in_batch_logits`'s ``own``)."""
+        method = self.in_batch_candidates if method is None else method
+        if batch.positions is None:
+            return batch_candidates(target, mask, method), None
+        return limited_candidates(target, mask, batch.positions, method), batch.positions.drawn
 
     def log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
         """``log(M q(ids))``, or with in-batch negatives the mixture's
@@ -466,6 +527,15 @@ class SampledSoftmaxHead(ProposalHead):
         global_ids = self.shard_map.global_ids(ids) if self.is_split else ids
         log_q_batch = batch.log_prob(global_ids)
         return log_mixture_size(log_q, m, log_q_batch, batch.num_draws)
+
+    def positive_log_size(
+        self, target: Tensor, log_q: Tensor | None, batch: BatchProposal | None
+    ) -> Tensor:
+        """:meth:`log_size` ``[T]`` of each row's own positive (``target`` ``[T]``, ``log_q``
+        ``[T]`` or ``None``): under ``max_in_batch_draws`` each row has its own in-batch draw
+        count, so the positives go in as a ``[T, 1]`` column."""
+        column = None if log_q is None else log_q[:, None]
+        return self.log_size(target[:, None], column, batch)[:, 0]
 
     def _corrected(
         self,
@@ -531,6 +601,11 @@ class SampledSoftmaxHead(ProposalHead):
             + (
                 f"in_batch_candidates={self.in_batch_candidates!r}, "
                 if self.in_batch_negatives
+                else ""
+            )
+            + (
+                f"max_in_batch_draws={self.max_in_batch_draws}, "
+                if self.max_in_batch_draws is not None
                 else ""
             )
             + f"shared_negatives={self.shared_negatives}, convention={self.convention!r}"

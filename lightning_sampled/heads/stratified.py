@@ -36,7 +36,7 @@ from torch import Tensor
 from ..samplers import Sampler
 from ..sharding import ShardMap
 from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
-from .in_batch import BatchCandidates, distinct_candidates, in_batch_logits
+from .in_batch import BatchCandidates, in_batch_logits
 
 if TYPE_CHECKING:
     from .sampled import SampledSoftmaxHead
@@ -91,7 +91,8 @@ def stratified_losses(head: SampledSoftmaxHead, queries: Tensor, target: Tensor)
             neg = neg.masked_fill(draw.ids.expand_as(neg) == local_y[:, None], -math.inf)
         columns.append(neg)
     if batch is not None:
-        candidates = held_candidates(y, shard_map)
+        every, drawn = head.in_batch_candidates_of(y, None, batch, "distinct")
+        candidates = held_candidates(every, shard_map)
         ids = shard_map.local_or(candidates.ids)
         if pos is None:
             pos, neg = head.target_and_candidate_logits(z, held_y, ids)
@@ -102,24 +103,38 @@ def stratified_losses(head: SampledSoftmaxHead, queries: Tensor, target: Tensor)
             with torch.no_grad():
                 log_q = head.sampler.log_prob(z.detach(), ids)
         log_size = head.log_size(ids, log_q, batch)
-        columns.append(in_batch_logits(neg, log_size, candidates, head.removes_accidental_hits))
+        columns.append(
+            in_batch_logits(neg, log_size, candidates, head.removes_accidental_hits, drawn)
+        )
     pos = all_reduce_sum(pos.masked_fill(~owned, 0.0), group)
     if head.corrects_positive:  # by the log-size of the positive on the rank s that holds it
         with torch.no_grad():
             log_q = head.sampler.log_prob(z.detach(), held_y[:, None])[:, 0] if m else None
-            log_size = head.log_size(held_y, log_q, batch)
+            log_size = head.positive_log_size(held_y, log_q, batch)
             log_size = all_reduce_sum(torch.where(owned, log_size, 0.0), group)
         pos = pos - log_size
-    lse = combined_logsumexp(torch.logsumexp(torch.cat(columns, dim=1), dim=1), group, once=pos)
+    lse = combined_logsumexp(local_logsumexp(torch.cat(columns, dim=1)), group, once=pos)
     return (lse - pos)[own]
 
 
-def held_candidates(targets: Tensor, shard_map: ShardMap) -> BatchCandidates:
-    """The distinct targets of every rank's batch (global ``targets`` ``[T]``) that this rank
+def local_logsumexp(logits: Tensor) -> Tensor:
+    """``logsumexp`` ``[T]`` of a rank's candidate logits ``[T, C]``: ``-inf``, with gradient 0,
+    for a row whose every candidate here is ``-inf`` (this rank holds none of its candidates but
+    its own masked target, as can happen under ``max_in_batch_draws``), where
+    ``torch.logsumexp``'s gradient is NaN."""
+    empty = (logits == -math.inf).all(dim=1, keepdim=True)
+    lse = torch.logsumexp(logits.masked_fill(empty, 0.0), dim=1)
+    return lse.masked_fill(empty[:, 0], -math.inf)
+
+
+def held_candidates(every: BatchCandidates, shard_map: ShardMap) -> BatchCandidates:
+    """Of the distinct targets ``every`` of every rank's batch (global ids), those this rank
     holds, with their multiplicities; ``column`` is ``-1`` for a position whose own target is
-    held elsewhere (:func:`~lightning_sampled.heads.in_batch.in_batch_logits` then leaves it)."""
-    every = distinct_candidates(targets)
+    not among them (held elsewhere, or not drawn:
+    :func:`~lightning_sampled.heads.in_batch.in_batch_logits` then leaves it)."""
     held = shard_map.owner(every.ids) == shard_map.rank
     index = torch.cumsum(held, dim=0) - 1
-    column = torch.where(held[every.column], index[every.column], -1)
+    listed = every.column >= 0
+    own_column = every.column.clamp(min=0)
+    column = torch.where(listed & held[own_column], index[own_column], -1)
     return BatchCandidates(every.ids[held], every.counts[held], column)

@@ -195,14 +195,18 @@ class Sampler(nn.Module):
             )
         return self.draw_generator(z.device) if generator is None else generator
 
-    def draw_generator(self, device: torch.device) -> torch.Generator | None:
+    def draw_generator(
+        self, device: torch.device, per_rank: bool | None = None
+    ) -> torch.Generator | None:
         """The generator of the next draw on ``device`` from the sampler's own stream (advances
         it); ``None`` (torch's default generator) under ``torch.compile`` or when
         ``own_stream`` is ``False``. Heads that draw ids themselves (CANE's noise, One-vs-Each's
-        others) take theirs from here too."""
+        others, the in-batch positions of ``max_in_batch_draws``) take theirs from here too;
+        ``per_rank=False`` gives every rank the same (``None``: as ``rank_offset`` says)."""
         if not self.own_stream:
             return None
-        return self.draw_stream.generator(device, per_rank=self.rank_offset)
+        per_rank = self.rank_offset if per_rank is None else per_rank
+        return self.draw_stream.generator(device, per_rank=per_rank)
 
     def get_extra_state(self) -> dict[str, int]:
         """The state of the sampler's draw stream, ``{"seed", "draws"}``."""

@@ -15,11 +15,12 @@ def test_main_times_the_default_and_the_plain_head_at_every_shape(tmp_path, monk
     }
     monkeypatch.setattr(default_cost, "SHAPES", tiny)
     name = str(tmp_path / "dc")
-    argv = ["--shapes", "dense", "sparse", "--repeats", "2", "--device", "cpu"]
-    rows = default_cost.main([*argv, "--name", name])
-    assert [(r["recipe"], r["head"]) for r in rows] == [
-        (s, h) for s in ("tiny", "tiny_sparse") for h in ("default", "plain")
-    ]
+    argv = ["--shapes", "dense", "sparse", "--limits", "8", "50", "--repeats", "2"]
+    rows = default_cost.main([*argv, "--device", "cpu", "--name", name])
+    assert [(r["recipe"], r["head"]) for r in rows] == [  # a limit at or above T is not timed
+        ("tiny", "default"), ("tiny", "plain"), ("tiny", "default 8"), ("tiny", "default 50"),
+        ("tiny_sparse", "default"), ("tiny_sparse", "plain"), ("tiny_sparse", "default 8"),
+    ]  # fmt: skip
     for row in rows:
         assert row["median_ms"] > 0 and 0 < row["distinct_targets"] <= row["positions"]
         if row["head"] == "plain":
@@ -35,3 +36,7 @@ def test_the_heads_are_the_default_and_the_plain_configuration():
     plain = default_cost.make_head(shape, default_cost.HEADS["plain"])
     assert default.in_batch_setting == "auto" and plain.in_batch_setting is False
     assert default.sparse_grad and torch.equal(default.weight, plain.weight)
+    limited = default_cost.heads_of(shape, [3, 6])
+    assert list(limited) == ["default", "plain", "default 3"]
+    assert limited["default 3"].max_in_batch_draws == 3
+    assert limited["default"].max_in_batch_draws is None

@@ -80,6 +80,10 @@ HEADS = {
         N, D, num_negatives=0, in_batch_negatives=True, **kw
     ),
     "mixed": lambda **kw: SampledSoftmaxHead(N, D, num_negatives=M, in_batch_negatives=True, **kw),
+    # at most 512 in-batch draws: positions drawn by random keys in fixed shapes
+    "mixed_limited": lambda **kw: SampledSoftmaxHead(
+        N, D, num_negatives=M, max_in_batch_draws=512, **kw
+    ),
     "cane": lambda **kw: CaneHead(N, D, 20, 80, **kw),  # beam search from the root, 10-ary
     "cane_frequency": lambda **kw: CaneHead(
         N, D, 19, 1, tree="frequency", class_counts=1.0 / torch.arange(1, N + 1), **kw

@@ -87,6 +87,15 @@ HEADS = {
         (13, 14),
         False,
     ),
+    # 6 of the 13 scored positions' targets as in-batch draws, drawn in the graph by random
+    # keys in fixed shapes (ignored at the end: eager draws the same first 13 keys)
+    "in_batch_limited": (
+        lambda: SampledSoftmaxHead(
+            N, D, num_negatives=0, target_counts=torch.arange(1.0, N + 1), max_in_batch_draws=6
+        ),
+        (13, 14),
+        True,
+    ),
     # q_b streamed (TargetFrequency.update in the graph): counted, so compared with eager apart
     "mixed_streaming": (
         lambda: SampledSoftmaxHead(N, D, num_negatives=7, in_batch_negatives=True),
@@ -96,7 +105,9 @@ HEADS = {
     "tapas": (lambda: TapasHead(N, D, num_negatives=6, presample_factor=3), (2, 6), False),
     "midx": (midx_head, (), True),
 }
-BREAK_FREE = ["full", "full_smoothed", "uniform", "uniform_shared", "in_batch", "mixed"]
+BREAK_FREE = [
+    "full", "full_smoothed", "uniform", "uniform_shared", "in_batch", "mixed", "in_batch_limited"
+]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

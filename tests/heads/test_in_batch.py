@@ -12,7 +12,9 @@ from lightning_sampled.heads.in_batch import (
     FIXED_SHAPE_POSITIONS,
     batch_candidates,
     distinct_candidates,
+    drawn_positions,
     in_batch_logits,
+    limited_candidates,
     log_mixture_size,
     sorted_candidates,
 )
@@ -82,28 +84,42 @@ def test_log_mixture_size_is_the_balance_heuristic_denominator():
     torch.testing.assert_close(log_mixture_size(log_qs, 5, log_qb, 0), log_qs + math.log(5))
 
 
-def brute_force_losses(head, z, y, draws=None, log_q_sampled=None, log_q_batch=None):
+def brute_force_losses(
+    head,
+    z,
+    y,
+    draws=None,
+    log_q_sampled=None,
+    log_q_batch=None,
+    drawn=None,
+    convention="exact_positive",
+):
     """Per-position losses of the mixed estimator written out position by position.
 
     ``draws`` [T, M] (or None) with their ``log_q_sampled`` (a callable of ids); ``log_q_batch``
-    a callable of ids; the ``"exact_positive"`` convention (positive uncorrected, hits masked),
-    which the heads compared with it name."""
+    a callable of ids; ``drawn`` the positions whose targets are the in-batch draws (``None``:
+    all); ``"exact_positive"`` (positive uncorrected, hits masked) or ``"corrected_all"`` (all
+    corrected, hits kept)."""
     t_count = y.numel()
     m = 0 if draws is None else draws.shape[1]
+    drawn = range(t_count) if drawn is None else sorted(drawn)
     w, b = head.weight, head.bias if head.bias is not None else torch.zeros(head.num_classes)
     losses = []
     for t in range(t_count):
+        others = [s for s in drawn if s != t]
+
+        def size(j, others=others):
+            total = len(others) * log_q_batch(j).exp()
+            return total + m * log_q_sampled(j).exp() if m else total
+
         logits = [z[t] @ w[y[t]] + b[y[t]]]
-        candidates = ([] if draws is None else draws[t].tolist()) + [
-            int(y[s]) for s in range(t_count) if s != t
-        ]
+        if convention == "corrected_all":
+            logits[0] = logits[0] - size(int(y[t])).log()
+        candidates = ([] if draws is None else draws[t].tolist()) + [int(y[s]) for s in others]
         for j in candidates:
-            if j == int(y[t]):
+            if j == int(y[t]) and convention == "exact_positive":
                 continue  # accidental hit
-            size = (t_count - 1) * log_q_batch(j).exp()
-            if m:
-                size = size + m * log_q_sampled(j).exp()
-            logits.append(z[t] @ w[j] + b[j] - size.log())
+            logits.append(z[t] @ w[j] + b[j] - size(j).log())
         logits = torch.stack(logits)
         losses.append(torch.logsumexp(logits, 0) - logits[0])
     return torch.stack(losses)
@@ -156,10 +172,10 @@ def test_mixed_loss_equals_the_brute_force_balance_heuristic():
     torch.testing.assert_close(head(z, y), expected)
 
 
-def in_batch_bias_gradient_error(num_negatives, batch, batches=6):
+def in_batch_bias_gradient_error(num_negatives, batch, batches=6, limit=None):
     """Relative error of the in-batch gradient of a bias-only model (4 classes, ``z = 1``, zero
     class vectors and biases) against the full softmax's, on batches of targets drawn from
-    (.6, .25, .1, .05), with ``q_b`` given exactly."""
+    (.6, .25, .1, .05), with ``q_b`` given exactly; at most ``limit`` in-batch draws."""
     p = torch.tensor([0.6, 0.25, 0.1, 0.05])
     torch.manual_seed(batch)  # the seed of the negatives' draw stream
     head = SampledSoftmaxHead(
@@ -171,6 +187,7 @@ def in_batch_bias_gradient_error(num_negatives, batch, batches=6):
         target_counts=p,
         bias=True,
         weight=torch.nn.Parameter(torch.zeros(4, 1)),
+        max_in_batch_draws=limit,
     )
     g = torch.Generator().manual_seed(batch)
     full, total = torch.zeros(4), torch.zeros(4)
@@ -428,3 +445,151 @@ def test_a_split_default_head_refuses_given_negatives_naming_the_split_table():
                 torch.randn(2, 4), torch.tensor([0, 1]), negatives=torch.tensor([2, 3]),
                 negative_log_q=torch.zeros(2), target_log_q=torch.zeros(2),
             )  # fmt: skip
+
+
+def recorded_positions(monkeypatch):
+    """Records every :func:`drawn_positions` of the head (its ``index`` as a set)."""
+    seen = []
+
+    def recording(*args, **kwargs):
+        positions = drawn_positions(*args, **kwargs)
+        seen.append(set(positions.index.tolist()))
+        return positions
+
+    monkeypatch.setattr("lightning_sampled.heads.sampled.drawn_positions", recording)
+    return seen
+
+
+@pytest.mark.parametrize("build", ["distinct", "sorted"])
+def test_limited_candidates_count_the_drawn_positions_and_find_every_column(build):
+    target = torch.tensor([4, 1, 4, 4, 9, 1, 7, 4])
+    mask = torch.tensor([True, True, True, False, True, True, True, True])
+    positions = drawn_positions(target, 4, mask, torch.Generator().manual_seed(0))
+    index = set(positions.index.tolist())
+    assert len(index) == 4 and all(mask[i] for i in index)  # enough scored: none left out
+    assert positions.drawn.tolist() == [i in index for i in range(8)]
+    candidates = limited_candidates(target, mask, positions, build)
+    counted = candidates.counts > 0
+    drawn_targets = [int(target[i]) for i in sorted(index)]
+    assert candidates.ids[counted].tolist() == sorted(set(drawn_targets))
+    assert candidates.counts[counted].tolist() == [
+        drawn_targets.count(u) for u in sorted(set(drawn_targets))
+    ]
+    for t in range(8):  # every scored position's own target is found, drawn or not
+        column = int(candidates.column[t])
+        if mask[t] and int(target[t]) in drawn_targets:
+            assert candidates.ids[column] == target[t] and counted[column]
+        else:
+            assert column == -1
+
+
+def test_drawn_positions_are_uniform_over_the_scored_ones_and_then_the_left_out():
+    mask = torch.tensor([True, False, True, True, True, False, True, True])
+    target = torch.zeros(8, dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    hits = torch.zeros(8)
+    for _ in range(3000):
+        hits += drawn_positions(target, 3, mask, g).drawn.float()
+    assert hits[~mask].sum() == 0
+    # each scored position drawn with probability 3/6: 1500 of 3000, sd 27
+    assert ((hits[mask] - 1500).abs() < 4 * 27.4).all(), hits
+    few = drawn_positions(target, 7, mask, g)  # 6 scored: one left-out position drawn
+    assert int(few.num_scored) == 6 and few.drawn[mask].all()
+    rows = few.draws_per_row()[:, 0]
+    assert rows[mask].tolist() == [5] * 6  # scored and drawn: the other 5
+    assert sorted(rows[~mask].tolist()) == [5, 6]  # one drawn, one not (left out: unused)
+
+
+@pytest.mark.parametrize("convention", ["exact_positive", "corrected_all"])
+@pytest.mark.parametrize("num_negatives", [0, 4])
+def test_a_limited_mixed_loss_equals_the_brute_force_on_the_drawn_positions(
+    monkeypatch, convention, num_negatives
+):
+    seen = recorded_positions(monkeypatch)
+    torch.manual_seed(1)
+    counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
+    probs = torch.softmax(torch.randn(6), 0)
+    stream = torch.tensor([1, 3, 0, 5])
+    head = SampledSoftmaxHead(
+        6, 3, Stream(probs, stream), num_negatives, in_batch_negatives=True, bias=True,
+        target_counts=counts, convention=convention, max_in_batch_draws=4,
+    )  # fmt: skip
+    torch.nn.init.normal_(head.bias)
+    z = torch.randn(9, 3)
+    y = torch.tensor([0, 2, 0, 4, 3, 0, 2, 5, 0])
+    got = head(z, y, reduction="none")
+    (drawn,) = seen
+    assert len(drawn) == 4
+    expected = brute_force_losses(
+        head,
+        z,
+        y,
+        draws=stream.expand(9, -1) if num_negatives else None,
+        log_q_sampled=lambda j: probs[j].log(),
+        log_q_batch=lambda j: (counts[j] / counts.sum()).log(),
+        drawn=drawn,
+        convention=convention,
+    )
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_limit_at_or_above_the_scored_positions_changes_nothing(monkeypatch):
+    seen = recorded_positions(monkeypatch)
+    z, y = torch.randn(8, 4), torch.randint(12, (8,))
+    losses = []
+    for limit in (None, 8, 100):
+        torch.manual_seed(2)
+        head = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, max_in_batch_draws=limit)
+        losses.append(head(z, y))
+    assert seen == []
+    assert losses[0] == losses[1] == losses[2]
+
+
+def test_a_limited_estimator_is_consistent_for_likely_targets():
+    """On batches of 1,024 targets from (.6, .25, .1, .05), the gradient error falls as the
+    limit grows, and with 1,000 sampled draws beside 8 in-batch ones it is small."""
+    errors = [in_batch_bias_gradient_error(0, 1024, limit=k) for k in (4, 32, 512)]
+    assert errors[0] > errors[1] > errors[2], errors
+    assert errors[-1] <= 0.05, errors
+    assert in_batch_bias_gradient_error(1000, 1024, limit=8) <= 0.01
+
+
+def test_the_limit_is_checked_and_reported():
+    with pytest.raises(ValueError, match="limits in-batch negatives"):
+        SampledSoftmaxHead(10, 4, in_batch_negatives=False, max_in_batch_draws=8)
+    with pytest.raises(ValueError, match="max_in_batch_draws must be >= 2 with num_negatives=0"):
+        SampledSoftmaxHead(10, 4, num_negatives=0, max_in_batch_draws=1)
+    with pytest.raises(ValueError, match="max_in_batch_draws"):
+        SampledSoftmaxHead(10, 4, max_in_batch_draws=0)
+    assert "max_in_batch_draws=1," in repr(SampledSoftmaxHead(10, 4, max_in_batch_draws=1))
+    assert "max_in_batch_draws" not in repr(SampledSoftmaxHead(10, 4))
+
+
+@pytest.mark.parametrize("build", ["distinct", "sorted"])
+@pytest.mark.parametrize("limit", [3, 7])
+def test_a_limited_static_shape_batch_draws_only_its_scored_positions(monkeypatch, build, limit):
+    """Left-out positions (static shapes) are never drawn while enough are scored; with fewer
+    scored than the limit, every scored one is (and the loss is the unlimited one)."""
+    seen = recorded_positions(monkeypatch)
+    torch.manual_seed(5)
+    counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
+    head = SampledSoftmaxHead(
+        6, 3, num_negatives=0, in_batch_negatives=True, target_counts=counts,
+        convention="corrected_all", max_in_batch_draws=limit, in_batch_candidates=build,
+    )  # fmt: skip
+    z = torch.randn(8, 3)
+    y = torch.tensor([0, 2, 0, 4, 3, 0, 2, 5])
+    mask = torch.tensor([True, False, True, True, False, True, True, True])
+    got = head.sampled_losses(z, y, mask)[mask]
+    scored = mask.nonzero()[:, 0].tolist()
+    drawn = {scored.index(p) for p in seen[0] if mask[p]}
+    assert len(drawn) == min(limit, 6)
+    expected = brute_force_losses(
+        head,
+        z[mask],
+        y[mask],
+        log_q_batch=lambda j: (counts[j] / counts.sum()).log(),
+        drawn=drawn,
+        convention="corrected_all",
+    )
+    torch.testing.assert_close(got, expected)

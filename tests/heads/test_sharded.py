@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from lightning_sampled.callbacks import IndexRefresh
 from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
 from lightning_sampled.metrics import evaluate_ranking
-from lightning_sampled.samplers import LogUniformSampler, MIDXSampler, UniformSampler
+from lightning_sampled.samplers import DrawStream, LogUniformSampler, MIDXSampler, UniformSampler
 from lightning_sampled.sharding import whole_rows_on_first_rank
 
 N, D, WORLD = 23, 6, 2  # 12 rows on rank 0, 11 on rank 1
@@ -84,6 +84,8 @@ IN_BATCH_CASES = {
     "tensorflow_padding_sparse": dict(
         convention="tensorflow", padding_idx=4, target_counts=counts_with_a_zero(), sparse=True
     ),
+    # 5 of the 8 scored positions drawn, alike on every rank (the sampler's stream, not per rank)
+    "limited_corrected_all": dict(max_in_batch_draws=5, convention="corrected_all", bias=True),
 }
 
 
@@ -111,6 +113,7 @@ def make_head(kind: str, options: dict, sharded: bool):
             sparse_grad=sparse,
             **options,
         )
+        head.sampler.draw_stream = DrawStream(7)  # the same drawn positions in the reference
     else:
         sampler = make_sampler(options.pop("sampler"), options.get("padding_idx"))
         sparse = options.pop("sparse", False)
