@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The GPU issues' device checks, one entry point with a switch per issue:
-#   bash scripts/gpu_check.sh [28] [29] [30]
+#   bash scripts/gpu_check.sh [28] [29] [30] [31]
 # 28: `make test-gpu`'s tests, then the exact-head rows of benchmarks/head_step.py (bf16) against
 #     plain cross-entropy, torch's F.linear_cross_entropy and Cut Cross-Entropy.
 # 29: sampled training on the GPU (benchmarks/gpu_step.py): MIDX vs uniform, the index refresh,
 #     the whole step against N, fused dense Adam, compiled vs eager.
 # 30: time to quality at equal wall clock (benchmarks/time_to_quality.py), on data prepared on the
 #     CPU into .gpu_data/ (python -m benchmarks.time_to_quality --prepare .gpu_data).
+# 31: the default configuration (in-batch negatives) on the GPU: the in-batch heads' host-sync
+#     checks, its price against the plain head (benchmarks/default_cost.py, with
+#     max_in_batch_draws 256 and 1024), and the estimator grid's default runs still missing
+#     (seeds 0-2, resumed from benchmarks/results/estimator_grid; data from
+#     python -m benchmarks.estimator_grid --prepare .gpu_data).
 # Meant for a machine without network whose python3 has torch, Triton and Lightning: the packages it
 # lacks travel as wheels in .whl/ (faiss-cpu, cut-cross-entropy, jsonargparse and its two needs) and
 # are installed into /tmp/site. Results go to $OUT (default: ./gpu_results): log.txt, and
@@ -100,7 +105,27 @@ for issue in "$@"; do
                 --deadline-s 230 --data .gpu_data --out "$RESULTS" --commit "$COMMIT"
         fi
         ;;
-    *) echo "unknown issue $issue (28, 29 or 30)" ;;
+    31)
+        if [ "$DRY" = 1 ]; then
+            part default_cost 120 "$PY" -m benchmarks.default_cost --shapes ptb --limits 256 \
+                --repeats 2 --device cpu --name "$RESULTS/default_cost_cuda"
+            part estimator_grid 300 "$PY" -m benchmarks.estimator_grid --tiny --device cpu \
+                --data .gpu_data --out "$RESULTS/estimator_grid" --tasks ptb \
+                --conventions corrected_all+batch --references --seeds 0 --commit "$COMMIT"
+        else
+            part test-gpu-in-batch 150 env PY="$PY" GPU_TESTS="tests/gpu/test_no_host_sync.py" \
+                bash scripts/test_gpu.sh -v --timeout 60 -k "in_batch or mixed" \
+                --junitxml="$RESULTS/test_gpu_in_batch.xml"
+            part default_cost 120 "$PY" -m benchmarks.default_cost --limits 256 1024 \
+                --repeats 7 --device cuda --background "GPU check for issue 31" \
+                --name "$RESULTS/default_cost_cuda"
+            cp -r benchmarks/results/estimator_grid "$RESULTS/estimator_grid"
+            part estimator_grid 420 "$PY" -m benchmarks.estimator_grid --data .gpu_data \
+                --out "$RESULTS/estimator_grid" --resume --conventions corrected_all+batch \
+                --seeds 0 1 2 --workers 16 --deadline-s 300 --commit "$COMMIT"
+        fi
+        ;;
+    *) echo "unknown issue $issue (28, 29, 30 or 31)" ;;
     esac
 done
 if [[ " $* " == *" 28 "* ]] && [ "$DRY" != 1 ]; then
