@@ -113,16 +113,16 @@ for issue in "$@"; do
                 --data .gpu_data --out "$RESULTS/estimator_grid" --tasks ptb \
                 --conventions corrected_all+batch --references --seeds 0 --commit "$COMMIT"
         else
-            part test-gpu-in-batch 150 env PY="$PY" GPU_TESTS="tests/gpu/test_no_host_sync.py" \
+            part test-gpu-in-batch 100 env PY="$PY" GPU_TESTS="tests/gpu/test_no_host_sync.py" \
                 bash scripts/test_gpu.sh -v --timeout 60 -k "in_batch or mixed" \
                 --junitxml="$RESULTS/test_gpu_in_batch.xml"
-            part default_cost 120 "$PY" -m benchmarks.default_cost --limits 256 1024 \
+            part default_cost 90 "$PY" -m benchmarks.default_cost --limits 256 1024 \
                 --repeats 7 --device cuda --background "GPU check for issue 31" \
                 --name "$RESULTS/default_cost_cuda"
             cp -r benchmarks/results/estimator_grid "$RESULTS/estimator_grid"
-            part estimator_grid 420 "$PY" -m benchmarks.estimator_grid --data .gpu_data \
+            part estimator_grid 380 "$PY" -m benchmarks.estimator_grid --data .gpu_data \
                 --out "$RESULTS/estimator_grid" --resume --conventions corrected_all+batch \
-                --seeds 0 1 2 --workers 16 --deadline-s 300 --commit "$COMMIT"
+                --seeds 0 1 2 --workers 16 --deadline-s 250 --commit "$COMMIT"
         fi
         ;;
     *) echo "unknown issue $issue (28, 29, 30 or 31)" ;;
