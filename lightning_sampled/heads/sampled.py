@@ -16,10 +16,10 @@ named):
 cell                           default            the better convention alone  full softmax
 =============================  =================  ===========================  ===============
 PTB, per query / shared        146.5 / 155.3      218.6 / 813.2                141.5
-PTB, MIDX-rq per query         145.3              151.2                        141.5
+PTB, MIDX-rq per query         145.3              151.8                        141.5
 GCIDE, per query / shared      35.9 / 38.5        107.6 / 518.6
 SASRec, per query              0.1118             0.1051                       0.1024
-GRU4Rec, per query             0.1543             0.1478                       0.1516
+GRU4Rec, per query             0.1543             0.1489                       0.1516
 =============================  =================  ===========================  ===============
 
 On a 200,000-class catalog at equal steps (``benchmarks/large_catalog.py``) it reaches 0.98x the
@@ -30,9 +30,16 @@ positions), 2.7x at MovieLens-1M's (25,600 over 3,706 items) and 19x at a 1M-ite
 (6,400 positions, 3,555 distinct; ``benchmarks/results/default_cost.md``), the recipes' whole
 steps 1.2-4.7x. ``max_in_batch_draws=K`` bounds it: the targets of ``K`` positions drawn at
 random each step are the in-batch candidates, ``K`` draws per query instead of ``T - 1`` (with
-``K = 256``: 1.07x the plain head's step at MovieLens-1M's batch, 2.4x at the 1M-item one,
-against 2.7x and 19x unbounded, measured side by side); ``in_batch_negatives=False`` is the
-plain sampled softmax.
+``K = 256``: 1.07x the plain head's step at MovieLens-1M's batch, 1.4x at GCIDE's, 2.4x at the
+1M-item one, against 2.7x, 2.2x and 19x unbounded, measured side by side). It is consistent but
+it is no free lunch: in issue 31's grid (uniform draws per query, seed 0) it kept most of the
+default's gain on the language models (test perplexity at ``K = 256``: PTB 151.9 against 146.5,
+GCIDE 38.1 against 35.9; the plain head 218.6 and 107.6) and lost all of it, and more, on the
+MovieLens-1M recommenders (NDCG@10: SASRec 0.047 at ``K = 256`` and 0.058 at ``K = 1024``,
+GRU4Rec 0.097 at ``K = 256``, against 0.112 and 0.154 by default and 0.105 and 0.149 for the
+plain head): the ``K`` positions' targets are shared by every query, and on these recommenders
+candidates shared by the batch are a trap, as shared negatives are. ``in_batch_negatives=False``
+is the plain sampled softmax.
 
 The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and mask:
 
@@ -191,6 +198,8 @@ class SampledSoftmaxHead(ProposalHead):
             this many positions drawn at random each step are the candidates
             (:func:`~lightning_sampled.heads.in_batch.limited_candidates`), which bounds the
             ``[T, U]`` block at ``[T, K]``. ``None`` (the default): every other position's.
+            Measure it on your task first: it cost the recommenders of issue 31's grid more
+            than it saved (module docstring).
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
