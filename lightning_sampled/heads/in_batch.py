@@ -24,7 +24,7 @@ step costs up to twice as much, at 4,096 positions). A position left out (an ign
 kept, weighted 0, for static shapes) is neither a candidate nor a draw.
 
 The ``[T, U]`` block grows with the batch: at a 1M-item SASRec batch (6,400 positions, 3,555
-distinct targets, 20 sampled negatives) it made the head's step 23x the plain head's on a CPU
+distinct targets, 20 sampled negatives) it made the head's step 19x the plain head's on a CPU
 (``benchmarks/results/default_cost.md``). A limit ``K`` on the in-batch draws bounds it: the
 targets of ``K`` positions drawn at random without replacement (:func:`drawn_positions`) are the
 candidates (:func:`limited_candidates`), ``[T, U_K]`` with ``U_K <= K``. Drawn independently of
