@@ -117,6 +117,7 @@ HEADS: dict[str, Head] = {
     "sampled_plain": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, in_batch_negatives=False, **o)),  # noqa: E501
     "sampled_shared": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, shared_negatives=True, **o), proposals=QUERY_INDEPENDENT),  # noqa: E501
     "sampled_in_batch": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, in_batch_negatives=True, target_counts=target_counts(n), **o)),  # noqa: E501
+    "sampled_limited": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, target_counts=target_counts(n), max_in_batch_draws=4, **o)),  # noqa: E501
     "sampled_midx": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, **o), "midx_rq_fast", breaks="MIDX's is_built and chunked draw read the host"),  # noqa: E501
     "tapas": Head(lambda n, d, s, **o: TapasHead(n, d, s, 4, presample_factor=3, selection_temperature=1.0, **o), proposals=QUERY_INDEPENDENT, breaks=f"{DROPS}; the first pass draws until K + 1 distinct classes"),  # noqa: E501
     "one_vs_each": Head(lambda n, d, s, **o: OneVsEachHead(n, d, s, 6, **o), None),
