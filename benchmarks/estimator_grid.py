@@ -101,6 +101,10 @@ TASKS = {
 }
 #: GCIDE's training prefix, in steps of the recipe's 32 x 35 tokens
 GCIDE_STEPS = 2000
+#: shared uniform draws that match the default's candidates per position on GCIDE: its 20 draws
+#: per query plus the batch's distinct targets, 381.6 on average over the training split's 8,581
+#: windows (the positive one of them), against 1 + 400 for the control
+GCIDE_MATCHED = 400
 #: (proposal, shared): the sampled cells of every task
 CELLS = (
     ("uniform", False),
@@ -124,6 +128,16 @@ CONFIGURATIONS = {
             "max_in_batch_draws": k,
         }
         for k in (256, 1024)
+    },
+    # issue 51: the in-batch variant of exact_positive, in-batch negatives alone (no draws) and
+    # a control with about the default's candidates per position (shared draws, run with
+    # shared cells)
+    "exact_positive+batch": {"convention": "exact_positive", "in_batch_negatives": True},
+    "batch_only": {"convention": "corrected_all", "in_batch_negatives": True, "num_negatives": 0},
+    f"corrected_all@{GCIDE_MATCHED}": {
+        "convention": "corrected_all",
+        "in_batch_negatives": False,
+        "num_negatives": GCIDE_MATCHED,
     },
 }
 #: the configurations trained by default
@@ -151,21 +165,42 @@ RELATIVE_TOLERANCE = 0.03
 
 
 # ----------------------------------------------------------------------------------------- data
-def prepare(out: Path) -> dict[str, Any]:
-    """Writes ``ptb.pt`` (the three token streams and the training counts) and ``ml-1m.pt``
-    (training windows, validation and test histories and targets, counts) as int16 tensors, and
-    ``gcide.pt`` (int32: the first :data:`GCIDE_STEPS` training windows' tokens, the recipe's
-    ``max_eval_tokens`` of validation and test, the whole training split's counts), from the
-    recipes' data modules (``datasets`` needed; GCIDE fetched on first use)."""
-    from recipes.data.gcide import GCIDE
-    from recipes.data.movielens import MovieLens, training_windows
+def prepare(
+    out: Path, tasks: Iterable[str] = tuple(TASKS), gcide_steps: int | None = GCIDE_STEPS
+) -> dict[str, Any]:
+    """Writes, for the ``tasks`` given, ``ptb.pt`` (the three token streams and the training
+    counts) and ``ml-1m.pt`` (training windows, validation and test histories and targets,
+    counts) as int16 tensors, and ``gcide.pt`` (int32: the first ``gcide_steps`` training
+    windows' tokens, the whole training split when ``None``, the recipe's ``max_eval_tokens`` of
+    validation and test, the whole training split's counts), from the recipes' data modules
+    (``datasets`` needed; GCIDE fetched on first use)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = set(tasks)
+    written = []
+    if "ptb" in tasks:
+        written.append(prepare_ptb(out))
+    if tasks & {"sasrec", "gru4rec"}:
+        written.append(prepare_movielens(out))
+    if "gcide" in tasks:
+        written.append(prepare_gcide(out, gcide_steps))
+    return {name: (out / name).stat().st_size for name in written}
+
+
+def prepare_ptb(out: Path) -> str:
+    """``ptb.pt`` (:func:`prepare`)."""
     from recipes.data.ptb import PennTreebank
 
-    out.mkdir(parents=True, exist_ok=True)
     ptb = PennTreebank()
     streams = {split: ptb.stream(split).short() for split in ("train", "validation", "test")}
     counts = torch.tensor(ptb.class_counts)
     torch.save({"num_classes": ptb.num_classes, "counts": counts, **streams}, out / "ptb.pt")
+    return "ptb.pt"
+
+
+def prepare_movielens(out: Path) -> str:
+    """``ml-1m.pt`` (:func:`prepare`)."""
+    from recipes.data.movielens import MovieLens, training_windows
+
     args = recipe("sasrec_ml-1m.yaml")["data"]["init_args"]
     ml = MovieLens(variant=args["variant"], max_len=args["max_len"])
     inputs, targets = training_windows(ml.splits["train"]["items"], ml.max_len)
@@ -182,10 +217,17 @@ def prepare(out: Path) -> dict[str, Any]:
         movielens[f"{split}_lengths"] = torch.tensor([h.numel() for h in histories])
         movielens[f"{split}_target"] = torch.tensor(rows["target"])
     torch.save(movielens, out / "ml-1m.pt")
+    return "ml-1m.pt"
+
+
+def prepare_gcide(out: Path, steps: int | None = GCIDE_STEPS) -> str:
+    """``gcide.pt`` (:func:`prepare`): ``steps`` training windows, or the whole split."""
+    from recipes.data.gcide import GCIDE
+
     gcide_args = recipe("lstm_gcide.yaml")["data"]["init_args"]
     gcide = GCIDE(min_count=gcide_args["min_count"])
     train = gcide.stream("train")
-    prefix = gcide_args["batch_size"] * (GCIDE_STEPS * gcide_args["bptt"] + 1)
+    prefix = None if steps is None else gcide_args["batch_size"] * (steps * gcide_args["bptt"] + 1)
     eval_tokens = gcide_args["max_eval_tokens"]
     torch.save(
         {
@@ -196,7 +238,7 @@ def prepare(out: Path) -> dict[str, Any]:
         },
         out / "gcide.pt",
     )
-    return {name: (out / name).stat().st_size for name in ("ptb.pt", "ml-1m.pt", "gcide.pt")}
+    return "gcide.pt"
 
 
 def history_batches(
@@ -333,9 +375,11 @@ def method_of(run: Run) -> Method:
     options: dict[str, Any] = {}
     if run.convention is not None:
         options.update(
-            num_negatives=TASKS[run.task]["negatives"],
-            shared_negatives=run.shared,
-            **CONFIGURATIONS[run.convention],
+            {
+                "num_negatives": TASKS[run.task]["negatives"],
+                "shared_negatives": run.shared,
+                **CONFIGURATIONS[run.convention],  # a configuration may set its own count
+            }
         )
     elif run.method == "cane" and run.task in LANGUAGE_MODELS:
         options.update(LM_CANE)
@@ -357,7 +401,112 @@ class EpochValues(L.Callback):
             self.values.append(float(trainer.callback_metrics[self.monitor]))
 
 
-def train(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Schedule:
+    """Options of a long, step-based run (issue 51); the defaults are the grid's.
+
+    Attributes:
+        val_every: validate every this many training steps (``None``: the task's own, GCIDE 500,
+            the others once per epoch).
+        max_steps: stop after this many steps (``None``: the task's epochs).
+        curves: a CSV that gets one row per validation mark (:class:`MarkLog`).
+        stamp: provenance written on each of its rows (:data:`STAMP`).
+    """
+
+    val_every: int | None = None
+    max_steps: int | None = None
+    curves: str | None = None
+    stamp: tuple[tuple[str, str], ...] = ()
+
+
+#: the columns of a ``--curves`` CSV, one row per validation mark
+CURVE_COLUMNS = (
+    "task",
+    "configuration",
+    "proposal",
+    "seed",
+    "step",
+    "val",
+    "metric",
+    "wall_s",
+    "candidates",
+    "distinct_targets",
+    *STAMP,
+)
+
+
+def drawn_negatives(run: Run) -> int:
+    """``M``, the draws per query (or per batch when shared) of ``run``'s head."""
+    options = CONFIGURATIONS.get(run.convention or "", {})
+    return int(options.get("num_negatives", TASKS[run.task]["negatives"]))
+
+
+def candidates_per_position(run: Run, distinct_targets: float) -> float:
+    """The columns a position scores: the positive and ``M`` draws, or with in-batch negatives
+    the ``M`` draws and the batch's ``U`` distinct targets (the positive one of them; at most
+    ``max_in_batch_draws`` of them)."""
+    options = CONFIGURATIONS.get(run.convention or "", {})
+    if not options.get("in_batch_negatives"):
+        return 1.0 + drawn_negatives(run)
+    limit = options.get("max_in_batch_draws")
+    in_batch = distinct_targets if limit is None else min(distinct_targets, limit)
+    return drawn_negatives(run) + in_batch
+
+
+class MarkLog(L.Callback):
+    """Appends a row (:data:`CURVE_COLUMNS`) to a CSV at every validation mark, as it happens,
+    so that a run cut short leaves its curve: the step, the validation value, the seconds since
+    training began and the mean candidates scored per position so far (from the mean distinct
+    targets of the training batches seen, :func:`candidates_per_position`)."""
+
+    def __init__(self, path: str | Path, run: Run, monitor: str, stamp: dict[str, str]) -> None:
+        self.path = Path(path)
+        self.run = run
+        self.monitor = monitor
+        self.stamp = stamp
+        self.distinct = 0
+        self.batches = 0
+        self.start = time.perf_counter()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        target = batch["target"]
+        self.distinct += int(torch.unique(target[target >= 0]).numel())
+        self.batches += 1
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        distinct = self.distinct / max(self.batches, 1)
+        row = {
+            "task": self.run.task,
+            "configuration": self.run.convention or self.run.method,
+            "proposal": self.run.cell,
+            "seed": self.run.seed,
+            "step": trainer.global_step,
+            "val": float(trainer.callback_metrics[self.monitor]),
+            "metric": TASKS[self.run.task]["metric"],
+            "wall_s": round(time.perf_counter() - self.start, 1),
+            "candidates": round(candidates_per_position(self.run, distinct), 1),
+            "distinct_targets": round(distinct, 1),
+            **{key: self.stamp.get(key, "?") for key in STAMP},
+        }
+        new = not self.path.is_file()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CURVE_COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+def train(
+    run: Run, data_dir: str, device_name: str, tiny: bool, schedule: Schedule = Schedule()
+) -> dict[str, Any]:
     """Trains ``run`` and tests its best epoch: the row of :func:`run_one`."""
     spec = TASKS[run.task]
     config = recipe(spec["config"])
@@ -371,16 +520,23 @@ def train(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, An
     monitor = f"val/{spec['metric']}"
     mode = "min" if run.task in LANGUAGE_MODELS else "max"
     values = EpochValues(monitor)
+    marks = (
+        []
+        if schedule.curves is None
+        else [MarkLog(schedule.curves, run, monitor, dict(schedule.stamp))]
+    )
+    val_every = schedule.val_every or spec.get("val_every")
     with tempfile.TemporaryDirectory() as root:
         best = ModelCheckpoint(dirpath=root, monitor=monitor, mode=mode, save_top_k=1)
         trainer = L.Trainer(
             accelerator=torch.device(device_name).type,
             devices=1,
             max_epochs=1 if tiny else spec["epochs"],
+            max_steps=-1 if schedule.max_steps is None else schedule.max_steps,
             limit_train_batches=4 if tiny else None,
-            val_check_interval=None if tiny else spec.get("val_every"),
+            val_check_interval=None if tiny else val_every,
             gradient_clip_val=config["trainer"].get("gradient_clip_val"),
-            callbacks=[best, values, *m.make_callbacks()],
+            callbacks=[best, values, *marks, *m.make_callbacks()],
             logger=False,
             enable_progress_bar=False,
             enable_model_summary=False,
@@ -409,7 +565,9 @@ def train(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, An
     }
 
 
-def run_one(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, Any]:
+def run_one(
+    run: Run, data_dir: str, device_name: str, tiny: bool, schedule: Schedule = Schedule()
+) -> dict[str, Any]:
     """One run in a worker process: its row (``status`` ``"ok"`` or the error's first line)."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -418,7 +576,7 @@ def run_one(run: Run, data_dir: str, device_name: str, tiny: bool) -> dict[str, 
     row: dict[str, Any] = {**asdict(run), "cell": run.cell, "metric": TASKS[run.task]["metric"]}
     start = time.perf_counter()
     try:
-        row.update(train(run, data_dir, device_name, tiny), status="ok")
+        row.update(train(run, data_dir, device_name, tiny, schedule), status="ok")
     except Exception as err:  # one failed run must not lose the others' numbers
         traceback.print_exc()
         row["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
@@ -663,6 +821,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="keep OUT's finished runs (estimator_grid.csv) and run only the others",
     )
     parser.add_argument("--tiny", action="store_true", help="4 batches of one epoch: a dry run")
+    parser.add_argument(
+        "--gcide-steps",
+        type=int,
+        default=GCIDE_STEPS,
+        help="with --prepare: GCIDE's training prefix in windows (0: the whole split, 8,581)",
+    )
+    parser.add_argument(
+        "--val-every", type=int, help="validate every this many steps (default: the task's)"
+    )
+    parser.add_argument("--max-steps", type=int, help="stop each run after this many steps")
+    parser.add_argument(
+        "--curves", type=Path, help="append a row per validation mark to this CSV (issue 51)"
+    )
     args = parser.parse_args(argv)
     if args.prepare is None and args.out is None:
         parser.error("give --prepare DIR, or --out DIR (with --data DIR unless --report)")
@@ -674,7 +845,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.prepare is not None:
-        print(f"prepared {args.prepare}: {prepare(args.prepare)}")
+        written = prepare(args.prepare, args.tasks, args.gcide_steps or None)
+        print(f"prepared {args.prepare}: {written}")
         return []
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "estimator_grid.csv"
@@ -684,6 +856,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return rows
     info = versions(args.commit)
     stamp = {key: info[key] for key in STAMP}
+    schedule = Schedule(
+        args.val_every,
+        args.max_steps,
+        None if args.curves is None else str(args.curves),
+        tuple(stamp.items()),
+    )
     rows: list[dict] = []
     if args.resume and csv_path.is_file():
         rows = [r for r in read_rows(csv_path) if r["status"] == "ok"]
@@ -701,7 +879,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             late = args.deadline_s is not None and time.perf_counter() - begin > args.deadline_s
             while queue and len(pending) < args.workers and not late:
                 run = queue.pop(0)
-                pending.add(pool.submit(run_one, run, str(args.data), args.device, args.tiny))
+                pending.add(
+                    pool.submit(run_one, run, str(args.data), args.device, args.tiny, schedule)
+                )
             if late and queue:
                 print(f"deadline: {len(queue)} runs not started", flush=True)
                 rows += [{**asdict(r), "cell": r.cell, "status": "not started"} for r in queue]
