@@ -504,6 +504,16 @@ class MarkLog(L.Callback):
             writer.writerow(row)
 
 
+def build_model(run: Run, data: TaskData, m: Method) -> L.LightningModule:
+    """``run``'s recipe model with ``m``'s head and sampler, seeded with ``run.seed``."""
+    config = recipe(TASKS[run.task]["config"])
+    L.seed_everything(run.seed, verbose=False)
+    model_args = {k: v for k, v in config["model"]["init_args"].items() if k != "head"}
+    return class_from(config["model"]["class_path"])(
+        data.num_classes, head=m.head, sampler=m.sampler, class_counts=data.counts, **model_args
+    )
+
+
 def train(
     run: Run, data_dir: str, device_name: str, tiny: bool, schedule: Schedule = Schedule()
 ) -> dict[str, Any]:
@@ -512,11 +522,7 @@ def train(
     config = recipe(spec["config"])
     data = load_task(data_dir, run.task, device_name, tiny)
     m = method_of(run)
-    L.seed_everything(run.seed, verbose=False)
-    model_args = {k: v for k, v in config["model"]["init_args"].items() if k != "head"}
-    model = class_from(config["model"]["class_path"])(
-        data.num_classes, head=m.head, sampler=m.sampler, class_counts=data.counts, **model_args
-    )
+    model = build_model(run, data, m)
     monitor = f"val/{spec['metric']}"
     mode = "min" if run.task in LANGUAGE_MODELS else "max"
     values = EpochValues(monitor)

@@ -4,16 +4,26 @@ carried histories, and the report's verdicts (the training itself runs on a GPU 
 
 from __future__ import annotations
 
+import csv
+from types import SimpleNamespace
+
 import torch
 
 from benchmarks.estimator_grid import (
     CELLS,
+    CURVE_COLUMNS,
+    GCIDE_MATCHED,
+    GCIDE_STEPS,
     REFERENCES,
+    MarkLog,
     Run,
+    Schedule,
+    candidates_per_position,
     done_runs,
     history_batches,
     in_order,
     method_of,
+    parse_args,
     read_rows,
     report,
     runs,
@@ -137,3 +147,56 @@ def test_configurations_keep_one_order_whatever_the_rows_order():
         "corrected_all",
         "corrected_all+batch",
     ]
+
+
+def test_issue_51_configurations_reach_the_head_with_their_own_draw_counts():
+    batch_only = method_of(Run("gcide", "uniform", 0, False, "batch_only")).head(50, 8)
+    assert batch_only.in_batch_negatives and batch_only.num_negatives == 0
+    ep = method_of(Run("gcide", "uniform", 0, False, "exact_positive+batch")).head(50, 8)
+    assert ep.in_batch_negatives and ep.convention == "exact_positive" and ep.num_negatives == 20
+    matched = Run("gcide", "uniform", 0, True, f"corrected_all@{GCIDE_MATCHED}")
+    head = method_of(matched).head(1000, 8)
+    assert head.num_negatives == GCIDE_MATCHED and head.shared_negatives
+    assert not head.in_batch_negatives
+    # candidates a position scores: 1 + M, or M + the batch's distinct targets
+    assert candidates_per_position(matched, 381.6) == 1 + GCIDE_MATCHED
+    default = Run("gcide", "uniform", 0, False, "corrected_all+batch")
+    assert candidates_per_position(default, 381.6) == 20 + 381.6
+    assert candidates_per_position(Run("gcide", "uniform", 0, False, "batch_only"), 300) == 300
+    limited = Run("ptb", "uniform", 0, False, "corrected_all+batch256")
+    assert candidates_per_position(limited, 381.6) == 20 + 256
+
+
+def test_the_new_options_default_to_the_grid_s_behaviour():
+    args = parse_args(["--out", "o", "--data", "d"])
+    assert (args.gcide_steps, args.val_every, args.max_steps, args.curves) == (
+        GCIDE_STEPS,
+        None,
+        None,
+        None,
+    )
+    assert Schedule() == Schedule(None, None, None, ())
+    longer = parse_args(
+        ["--prepare", "p", "--gcide-steps", "0", "--val-every", "1000", "--max-steps", "30"]
+    )
+    assert (longer.gcide_steps, longer.val_every, longer.max_steps) == (0, 1000, 30)
+
+
+def test_mark_log_appends_a_row_per_validation_mark(tmp_path):
+    run = Run("gcide", "uniform", 0, False, "corrected_all+batch")
+    log = MarkLog(tmp_path / "c.csv", run, "val/ppl", {"machine": "m", "commit": "abc"})
+    trainer = SimpleNamespace(sanity_checking=False, global_step=0, callback_metrics={})
+    for step, targets in ((1, [[1, 1, 2], [3, -100, 2]]), (2, [[4, 4, 4], [4, 4, 4]])):
+        log.on_train_batch_start(trainer, None, {"target": torch.tensor(targets)}, step - 1)
+        trainer.global_step = step
+        trainer.callback_metrics = {"val/ppl": torch.tensor(100.0 / step)}
+        log.on_validation_epoch_end(trainer, None)
+    trainer.sanity_checking = True  # the sanity check is no mark
+    log.on_validation_epoch_end(trainer, None)
+    with (tmp_path / "c.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], float(r["val"])) for r in rows] == [("1", 100.0), ("2", 50.0)]
+    assert [float(r["distinct_targets"]) for r in rows] == [3.0, 2.0]  # running mean
+    assert [float(r["candidates"]) for r in rows] == [23.0, 22.0]
+    assert rows[0]["configuration"] == "corrected_all+batch" and rows[0]["commit"] == "abc"
+    assert rows[0]["torch"] == "?" and list(rows[0]) == list(CURVE_COLUMNS)

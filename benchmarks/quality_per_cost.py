@@ -1,0 +1,443 @@
+"""Quality per step and cost per step, combined into time to quality (issue 51): GCIDE.
+
+GCIDE (``recipes/configs/lstm_gcide.yaml``: a tied LSTM LM over 108,620 words, 32 x 35 tokens a
+step, whose batch covers 381.6 distinct targets on average, 0.35% of the vocabulary) trained by
+``benchmarks.estimator_grid`` (its ``gcide`` task with ``--gcide-steps 0``: the whole training
+split, 8,581 windows, one epoch, in the recipe's order) under each configuration of :data:`RUNS`,
+20 negatives per query, seed 0, validated exactly (perplexity over all 108,620 words, the first
+10,000 validation tokens) every ``--val-every`` steps, each mark written as it happens to
+``curves/<name>.csv`` (``--curves``), the best mark's test perplexity in ``runs.csv``.
+
+Two axes, measured apart:
+
+- **quality per step** (the curves): does not depend on the machine's load, so the runs train two
+  at a time beside other work;
+- **cost per step** (``--measure``): every configuration's whole training step (encoder, head,
+  backward, clipping, ``LazyAdam``) at GCIDE's shape, one thread, built as the training runs
+  build it (:func:`benchmarks.estimator_grid.build_model`), timed **round-robin**
+  (:func:`benchmarks.recipe_time_to_quality.train_step`): in each of ``--rounds`` rounds every
+  configuration in turn takes ``--steps`` steps on the same real batches; the median is kept.
+  A configuration with an index (MIDX) also has one ``IndexRefresh.refresh`` timed per round.
+
+Time to a perplexity = the first mark's step that reaches it x the median step time + the index
+refreshes before it (``IndexRefresh``'s schedule) x their median time: training time only,
+validation excluded, an upper bound at the marks' resolution (no interpolation), on this CPU with
+one thread. ``quality_per_cost.md`` is written from the CSVs by ``--report``, never by hand.
+
+Run::
+
+    python -m benchmarks.estimator_grid --prepare DATA --tasks gcide --gcide-steps 0
+    OMP_NUM_THREADS=1 python -m benchmarks.estimator_grid --data DATA --out RUN_OUT \\
+        --tasks gcide --references --cells "uniform, per query" \\
+        --conventions corrected_all+batch --seeds 0 --workers 1 --val-every 1000 \\
+        --curves benchmarks/results/quality_per_cost/curves/default_uniform.csv   # each of RUNS
+    python -m benchmarks.quality_per_cost --collect RUN_OUT ...   # runs.csv from the runs' rows
+    OMP_NUM_THREADS=1 python -m benchmarks.quality_per_cost --measure --data DATA
+    python -m benchmarks.quality_per_cost --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_sampled.callbacks import IndexRefresh
+
+from .common import RESULTS_DIR, load_average, provenance
+from .estimator_grid import (
+    TASKS,
+    Run,
+    build_model,
+    candidates_per_position,
+    load_task,
+    method_of,
+    read_rows,
+    write_rows,
+)
+from .recipe_time_to_quality import (
+    HeadSpec,
+    Timed,
+    first_reaching,
+    refresh_schedule,
+    refreshes_before,
+    train_step,
+    training_seconds,
+)
+from .time_to_quality import recipe
+
+#: the configurations of issue 51 on GCIDE, in priority order: name -> the grid's run
+RUNS: dict[str, Run] = {
+    "default_uniform": Run("gcide", "uniform", 0, False, "corrected_all+batch"),
+    "default_midx": Run("gcide", "midx_rq", 0, False, "corrected_all+batch"),
+    "plain_uniform": Run("gcide", "uniform", 0, False, "corrected_all"),
+    "plain_midx": Run("gcide", "midx_rq", 0, False, "corrected_all"),
+    "matched_shared": Run("gcide", "uniform", 0, True, "corrected_all@400"),
+    "exact_positive_batch": Run("gcide", "uniform", 0, False, "exact_positive+batch"),
+    "batch_only": Run("gcide", "uniform", 0, False, "batch_only"),
+}
+#: what each configuration is, in words
+LABELS = {
+    "default_uniform": "default (corrected_all + in-batch), uniform per query",
+    "default_midx": "default (corrected_all + in-batch), MIDX-rq per query",
+    "plain_uniform": "corrected_all, uniform per query",
+    "plain_midx": "corrected_all, MIDX-rq per query",
+    "matched_shared": "matched control: corrected_all, 400 shared uniform draws",
+    "exact_positive_batch": "exact_positive + in-batch, uniform per query",
+    "batch_only": "in-batch negatives alone (no draws)",
+}
+#: GCIDE's training steps in one epoch (the whole split as 32 rows of 35-token windows)
+EPOCH_STEPS = 8581
+#: the perplexities whose time to reach the report tabulates
+PPL_TARGETS = (60.0, 40.0, 30.0, 25.0, 22.0, 20.0)
+OUT = RESULTS_DIR / "quality_per_cost"
+REPORT = RESULTS_DIR / "quality_per_cost.md"
+GRID_CSV = RESULTS_DIR / "estimator_grid" / "estimator_grid.csv"
+#: the only GCIDE full-softmax run recorded (no converged reference exists)
+FULL_REFERENCE = (
+    "`recipes/results/gcide.md` (`gcide_full.*`): the full softmax trained 30 steps "
+    "(what 8 minutes afforded on this CPU), val ppl 451.8, test ppl 606.1. The estimator grid "
+    "(`benchmarks/results/estimator_grid/estimator_grid.csv`) has no GCIDE full-softmax row "
+    "(its GCIDE task ran with `--references` empty: about 3-4 s a step here)"
+)
+NOT_SHOWN = (
+    "one seed (0) per configuration: no seed spread, so no gap below a few percent is a finding",
+    "no converged full-softmax reference on GCIDE (the only full-softmax run is 30 steps, "
+    "val ppl 451.8); every ratio to the best here is between sampled heads",
+    "no GPU column: the step costs are one CPU thread; a GPU's ranking of step costs can invert "
+    "(the default's `[T, U]` product is cheap there)",
+    "one learning rate (the recipe's, 0.002) for every head: no equal tuning budget yet",
+    "the 1M-item task, MovieLens-1M SASRec, PTB and the crossover in N of issue 51: not yet",
+    "TAPAS, CANE and One-vs-Each on GCIDE: not run here",
+)
+
+
+# ------------------------------------------------------------------------------------ the runs
+def collect(run_dirs: Sequence[Path], out: Path = OUT) -> list[dict]:
+    """``out/runs.csv``: the ``estimator_grid.csv`` rows of the runs in ``run_dirs``, each named
+    after its folder (a name of :data:`RUNS`)."""
+    rows = []
+    for folder in run_dirs:
+        for row in read_rows(folder / "estimator_grid.csv"):
+            rows.append({"name": folder.name, **row})
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(rows, out / "runs.csv")
+    return rows
+
+
+def read_csv(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------------- step costs
+def measure(
+    names: Sequence[str], data_dir: str, rounds: int, steps: int, threads: int = 1
+) -> list[dict[str, Any]]:
+    """Every configuration's median training step (and index refresh), round-robin."""
+    torch.set_num_threads(threads)
+    data = load_task(data_dir, "gcide", "cpu", False)
+    loader = iter(data.train(0))
+    batches = [next(loader) for _ in range(1 + rounds * steps)]
+    distinct = statistics.fmean(float(b["target"].unique().numel()) for b in batches)
+    clip = recipe(TASKS["gcide"]["config"])["trainer"].get("gradient_clip_val")  # by norm
+    load_start = load_average()
+    timed: dict[str, Timed] = {}
+    for name in names:
+        run = RUNS[name]
+        m = method_of(run)
+        model = build_model(run, data, m).train()
+        refresh = next((c for c in m.make_callbacks() if isinstance(c, IndexRefresh)), None)
+        item = Timed(
+            HeadSpec(name, run.convention or ""),
+            model,
+            model.configure_optimizers(),
+            clip,
+            "norm",
+            refresh,
+            [],
+            [],
+        )
+        if refresh is not None:
+            item.first_refresh_s = refresh.refresh(model)[0]
+        train_step(item, batches[0], 0)  # warm-up, not timed
+        timed[name] = item
+        print(f"built {name}", flush=True)
+    for r in range(rounds):
+        for item in timed.values():
+            for i in range(steps):
+                index = 1 + r * steps + i
+                item.steps.append(train_step(item, batches[index], index))
+            if item.refresh is not None:
+                item.refreshes.append(item.refresh.refresh(item.model)[0])
+        print(f"round {r + 1}/{rounds} done", flush=True)
+    load_end = load_average()
+    return [
+        {
+            "name": name,
+            "configuration": RUNS[name].convention,
+            "proposal": RUNS[name].cell,
+            "candidates": round(candidates_per_position(RUNS[name], distinct), 1),
+            "median_step_s": statistics.median(item.steps),
+            "min_step_s": min(item.steps),
+            "max_step_s": max(item.steps),
+            "steps_timed": len(item.steps),
+            "rounds": rounds,
+            "refresh_s": statistics.median(item.refreshes) if item.refreshes else 0.0,
+            "schedule": json.dumps(refresh_schedule(item.refresh)),
+            "threads": threads,
+            "load_start": load_start,
+            "load_end": load_end,
+        }
+        for name, item in timed.items()
+    ]
+
+
+def write_step_costs(rows: Sequence[dict], out: Path = OUT, commit: str | None = None) -> Path:
+    """``out/step_cost.csv`` with the machine, torch version and commit on every row."""
+    stamp = provenance()
+    if commit:
+        stamp["commit"] = commit
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "step_cost.csv"
+    write_rows([{**r, **stamp} for r in rows], path)
+    return path
+
+
+# ------------------------------------------------------------------------------------ the report
+def curves_by_name(out: Path) -> dict[str, list[dict]]:
+    """Each run's marks (``out/curves/<name>.csv``), in step order, values as numbers."""
+    curves = {}
+    for path in sorted((out / "curves").glob("*.csv")):
+        rows = read_csv(path)
+        points = [
+            {**r, "step": int(r["step"]), "value": float(r["val"]), "wall_s": float(r["wall_s"])}
+            for r in rows
+        ]
+        if points:
+            curves[path.stem] = sorted(points, key=lambda p: p["step"])
+    order = list(RUNS)
+    return dict(sorted(curves.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))
+
+
+def reach_s(curve: Sequence[dict], target: float, cost: dict | None) -> tuple[int, float] | None:
+    """``(step, seconds)``: the first mark at or below ``target`` and its training time from the
+    step cost (``None``: not reached, or no step cost)."""
+    point = first_reaching(curve, target, higher_is_better=False)
+    if point is None or cost is None:
+        return None
+    schedule = json.loads(cost["schedule"]) if cost.get("schedule") else None
+    refreshes = refreshes_before(point["step"], EPOCH_STEPS, schedule)
+    seconds = training_seconds(
+        point["step"], float(cost["median_step_s"]), refreshes, float(cost["refresh_s"])
+    )
+    return point["step"], seconds
+
+
+def grid_at_2000(grid_csv: Path = GRID_CSV) -> dict[tuple[str, str], float]:
+    """The estimator grid's GCIDE seed-0 runs (2,000-step prefix): the last validation (step
+    2,000), by (cell, convention)."""
+    found = {}
+    for r in read_csv(grid_csv):
+        if r["task"] == "gcide" and r["seed"] == "0" and r["status"] == "ok" and r["convention"]:
+            found[(r["cell"], r["convention"])] = json.loads(r["val_by_epoch"])[-1]
+    return found
+
+
+def report(out: Path = OUT, path: Path = REPORT, grid_csv: Path = GRID_CSV) -> Path:
+    """``quality_per_cost.md`` and ``out/gcide_val_ppl.png`` from ``out``'s CSVs."""
+    curves = curves_by_name(out)
+    runs = {r["name"]: r for r in read_csv(out / "runs.csv")}
+    costs = {r["name"]: r for r in read_csv(out / "step_cost.csv")}
+    loads = read_csv(out / "load_during_runs.csv")
+    grid = grid_at_2000(grid_csv)
+    points = [p for c in curves.values() for p in c]
+    marks = sorted({p["step"] for p in points})
+    lines = ["# Quality per step and cost per step: GCIDE (issue 51)", ""]
+    lines += [
+        "Generated by `python -m benchmarks.quality_per_cost --report` from the CSVs in "
+        "`benchmarks/results/quality_per_cost/`; do not edit. Method and commands: the module "
+        "docstring of `benchmarks/quality_per_cost.py`.",
+        "",
+        "- task: GCIDE, `recipes/configs/lstm_gcide.yaml` (tied LSTM LM, D = 256, LazyAdam lr "
+        "0.002, clip 0.25), 108,620 words, 32 x 35 = 1,120 tokens a step; the whole training "
+        f"split in the recipe's order, {EPOCH_STEPS:,} steps = one epoch; validation: exact "
+        "perplexity over all 108,620 words on the first 10,000 validation tokens at every mark",
+        "- seeds: " + ", ".join(sorted({p["seed"] for p in points})) + "; 20 drawn negatives per "
+        "query unless named",
+        "- training runs' machine: " + ", ".join(sorted({p["machine"] for p in points})),
+        "- torch: " + ", ".join(sorted({p["torch"] for p in points} | _col(costs, "torch"))),
+        "- commit: runs "
+        + ", ".join(sorted({p["commit"] for p in points}))
+        + "; step costs "
+        + (", ".join(sorted(_col(costs, "commit"))) or "not measured"),
+    ]
+    if loads:
+        load1 = [float(r["load1"]) for r in loads]
+        lines.append(
+            f"- load during the runs (1-minute average, {len(load1)} samples from "
+            f"{loads[0]['utc']} to {loads[-1]['utc']}): median {statistics.median(load1):.2f}, "
+            f"range {min(load1):.2f}-{max(load1):.2f} on 2 cores (two trainings, one thread "
+            "each, beside other work)"
+        )
+    lines += ["", "## Validation perplexity at each step mark", ""]
+    lines += [
+        "| configuration | candidates / position | "
+        + " | ".join(f"{s:,}" for s in marks)
+        + " | best mark | test ppl (best mark) | grid, step 2,000 (prefix) |",
+        "|---|---|" + "---|" * len(marks) + "---|---|---|",
+    ]
+    for name, curve in curves.items():
+        at = {p["step"]: p["value"] for p in curve}
+        best = min(curve, key=lambda p: p["value"])
+        run = RUNS.get(name)
+        previous = grid.get((run.cell, run.convention)) if run else None
+        test = runs.get(name, {}).get("test")
+        lines.append(
+            f"| {LABELS.get(name, name)} | {curve[-1]['candidates']} | "
+            + " | ".join(f"{at[s]:.2f}" if s in at else "—" for s in marks)
+            + f" | {best['step']:,} | "
+            + (f"{float(test):.2f}" if test else "— (run not finished)")
+            + f" | {f'{previous:.2f}' if previous is not None else '—'} |"
+        )
+    lines += [
+        "",
+        "Candidates / position: the columns a position's softmax scores, its positive included "
+        "(1 + M draws; with in-batch negatives M + the batch's distinct targets, mean over the "
+        "batches trained). Grid, step 2,000: the same configuration's validation at step 2,000 "
+        "in `estimator_grid.csv` (the first 2,000 windows laid out as their own 32 rows, so "
+        "different batches from these runs'). Reference: " + FULL_REFERENCE + ".",
+        "",
+        "![validation perplexity against steps](quality_per_cost/gcide_val_ppl.png)",
+        "",
+    ]
+    lines += _cost_section(curves, costs)
+    lines += ["", "## What this does not show yet", ""]
+    lines += [f"- {item}" for item in NOT_SHOWN]
+    path.write_text("\n".join(lines) + "\n")
+    plot(curves, out / "gcide_val_ppl.png")
+    return path
+
+
+def _col(rows: dict[str, dict], key: str) -> set[str]:
+    return {r[key] for r in rows.values() if r.get(key)}
+
+
+def _cost_section(curves: dict[str, list[dict]], costs: dict[str, dict]) -> list[str]:
+    lines = ["## Step cost on this CPU (one thread) and time to a perplexity", ""]
+    if not costs:
+        return [*lines, "Not measured yet.", ""]
+    first = next(iter(costs.values()))
+    lines += [
+        f"Whole training step at GCIDE's shape, medians of {first['rounds']} interleaved rounds "
+        f"of steps; machine {first['machine']}, torch {first['torch']}, commit "
+        f"{first['commit']}; load average (1, 5, 15 min) {first['load_start']} at the start and "
+        f"{first['load_end']} at the end of the measurement.",
+        "",
+        "| configuration | candidates / position | median step s | min-max s | refresh s "
+        "| epoch s (steps + refreshes) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, cost in costs.items():
+        schedule = json.loads(cost["schedule"]) if cost.get("schedule") else None
+        epoch = training_seconds(
+            EPOCH_STEPS,
+            float(cost["median_step_s"]),
+            refreshes_before(EPOCH_STEPS, EPOCH_STEPS, schedule),
+            float(cost["refresh_s"]),
+        )
+        lines.append(
+            f"| {LABELS.get(name, name)} | {cost['candidates']} | "
+            f"{float(cost['median_step_s']):.3f} | {float(cost['min_step_s']):.3f}-"
+            f"{float(cost['max_step_s']):.3f} | {float(cost['refresh_s']):.2f} | {epoch:,.0f} |"
+        )
+    lines += [
+        "",
+        "Time to reach a validation perplexity: the first mark's step at or below it x the "
+        "median step + the index refreshes before it x their median; training only (validation "
+        "excluded), an upper bound at the marks' resolution, one CPU thread. `—`: not reached "
+        "by the last mark.",
+        "",
+        "| configuration | " + " | ".join(f"ppl <= {t:g}" for t in PPL_TARGETS) + " |",
+        "|---|" + "---|" * len(PPL_TARGETS),
+    ]
+    for name, curve in curves.items():
+        cells = []
+        for target in PPL_TARGETS:
+            found = reach_s(curve, target, costs.get(name))
+            cells.append("—" if found is None else f"{found[1] / 60:.1f} min ({found[0]:,} steps)")
+        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(curves: dict[str, list[dict]], path: Path) -> None:
+    """Validation perplexity against steps, one line per configuration (log y)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (name, curve) in enumerate(curves.items()):
+        ax.plot(
+            [p["step"] for p in curve],
+            [p["value"] for p in curve],
+            marker="o",
+            color=f"C{i}",
+            label=f"{LABELS.get(name, name)} ({curve[-1]['candidates']} cand.)",
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("training step (32 x 35 tokens)")
+    ax.set_ylabel("validation perplexity (exact, 108,620 words)")
+    ax.set_title("GCIDE, one epoch, seed 0")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--collect", nargs="+", type=Path, help="runs' --out folders -> runs.csv")
+    parser.add_argument("--measure", action="store_true", help="time every configuration's step")
+    parser.add_argument("--report", action="store_true", help="write the report from the CSVs")
+    parser.add_argument("--data", help="the prepared data (estimator_grid --prepare)")
+    parser.add_argument("--names", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="steps per block")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--commit", help="the commit, where git cannot tell")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.measure and not args.data:
+        parser.error("--measure needs --data")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.collect:
+        print(f"collected {len(collect(args.collect, args.out))} rows")
+    if args.measure:
+        start = time.perf_counter()
+        rows = measure(args.names, args.data, args.rounds, args.steps, args.threads)
+        path = write_step_costs(rows, args.out, args.commit)
+        print(f"step costs in {path} ({time.perf_counter() - start:.0f} s)")
+    if args.report or not (args.collect or args.measure):
+        print(f"report: {report(args.out, args.out.parent / 'quality_per_cost.md')}")
+
+
+if __name__ == "__main__":
+    main()
