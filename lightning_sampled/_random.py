@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,6 +31,35 @@ def mixed_seed(*words: int) -> int:
     for word in words:
         seed = _splitmix64(seed ^ (word & _MASK64))
     return seed >> 1
+
+
+# Draws whose shape follows the batch. ``torch.randint(high, shape, generator=g)`` and
+# ``torch.rand(shape, generator=g)`` (even with ``g=None``) refuse the symbolic sizes of a
+# compiled graph whose batch shape changed (dynamo's automatic dynamic shapes: "SymIntArrayRef
+# expected to contain only concrete integers"); their ``*_like`` forms on an empty tensor of the
+# same shape accept them and, in eager code, draw exactly the same numbers.
+
+
+def randint(
+    high: int,
+    shape: Sequence[int],
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Long ``shape`` uniform in ``[0, high)``: ``torch.randint(high, shape, generator=...)``."""
+    like = torch.empty(shape, dtype=torch.long, device=device)
+    return torch.randint_like(like, high, generator=generator)
+
+
+def rand(
+    shape: Sequence[int],
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``shape`` uniform in ``[0, 1)``: ``torch.rand(shape, generator=..., dtype=...)``."""
+    like = torch.empty(shape, dtype=dtype, device=device)
+    return torch.rand_like(like, generator=generator)
 
 
 def rank_generator(device: torch.device) -> torch.Generator | None:

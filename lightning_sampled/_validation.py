@@ -57,6 +57,15 @@ def check_positive_int(name: str, value: int) -> int:
     return int(value)
 
 
+def check_label_smoothing(value: float) -> float:
+    """``float(value)`` if it is a number in ``[0, 1)``, else ``ValueError`` naming it (NaN
+    included), as ``F.cross_entropy`` refuses it."""
+    bad = isinstance(value, bool) or not isinstance(value, (int, float))
+    if bad or not 0.0 <= value < 1.0:
+        raise ValueError(f"label_smoothing must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
 def check_finite_number(
     name: str, value: float, *, minimum: float | None = None, strict: bool = False
 ) -> float:

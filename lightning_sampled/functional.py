@@ -5,7 +5,9 @@ chunks, never an ``[T, N]`` logit matrix).
 
 Both score ``z @ weight.T + bias`` (no temperature, no normalisation: scale ``z`` first), skip
 the positions whose target is ``ignore_index``, weight by ``sample_weight`` and reduce as the
-heads do (``reduction="mean" | "sum" | "none"``), and take several positives per position
+heads do (``reduction="mean" | "sum" | "none"``; ``ignore_index`` may be any int, a class id
+included, as in ``F.cross_entropy``, where a head, which owns its class ids, refuses one in
+``[0, N)``), and take several positives per position
 (``target`` ``[..., P]``, ``positives="each" | "soft_labels"``,
 :data:`~lightning_sampled.heads.losses.POSITIVE_FORMS`); the sampled loss applies the same
 conventions, logQ correction and hard-negative mining as
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._validation import check_label_smoothing, check_positive_int
 from .heads.chunked import chunked_nll, gathered_logits, resolve_chunk_size
 from .heads.inputs import (
     ScoredPositives,
@@ -141,6 +144,9 @@ def full_softmax_loss(
     Returns:
         fp32: a scalar, or ``[...]`` under ``"none"``.
     """
+    label_smoothing = check_label_smoothing(label_smoothing)
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size)
     if positives is not None and label_smoothing:
         raise ValueError("label_smoothing does not combine with several positives (positives=)")
     kept, weights = _scored(

@@ -167,6 +167,24 @@ def test_bad_negatives_are_refused_by_name(problem):
         in_batch(z, target, negatives=ids, negative_log_q=log_q)
 
 
+@pytest.mark.parametrize("smoothing", [1.0, 1.5, -0.2, math.nan, True, "0.1"])
+def test_full_softmax_loss_refuses_the_label_smoothing_the_heads_refuse(problem, smoothing):
+    """As the heads and ``F.cross_entropy``: label smoothing in ``[0, 1)``; a number outside it
+    used to give a loss."""
+    z, weight, _, target, _ = problem
+    with pytest.raises(ValueError, match="label_smoothing must be a number in"):
+        full_softmax_loss(z, weight, target, label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize("chunk_size", [0, -4, 2.5, "8"])
+def test_full_softmax_loss_refuses_a_chunk_size_below_one_by_name(problem, chunk_size):
+    """``chunk_size=0`` used to fail inside ``range`` ("arg 3 must not be zero"), -4 with
+    "negative dimension"."""
+    z, weight, _, target, _ = problem
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        full_softmax_loss(z, weight, target, chunk_size=chunk_size)
+
+
 def test_a_head_with_given_negatives_trains_the_rows_it_scores():
     torch.manual_seed(0)
     head = SampledSoftmaxHead(N, D, num_negatives=5, sparse_grad=True)

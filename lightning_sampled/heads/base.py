@@ -15,6 +15,7 @@ from .._validation import (
     check_class_ids,
     check_finite_number,
     check_int,
+    check_label_smoothing,
     check_padding_idx,
     check_positive_int,
 )
@@ -81,13 +82,22 @@ class OutputHead(nn.Module):
 
     ``torch.compile``: the training losses of :class:`~lightning_sampled.heads.FullSoftmaxHead`,
     of :class:`~lightning_sampled.heads.SampledSoftmaxHead` with the uniform, unigram or
-    log-uniform sampler and of :class:`~lightning_sampled.heads.OneVsEachHead` compile without
-    graph breaks (``tests/heads/test_compile.py``, ``tests/heads/test_contract.py``; not yet
-    with ``normalize=True`` on the full softmax, MIDX, TAPAS, CANE or in-batch negatives).
-    There the input checks are ``torch._assert_async`` calls (bad input raises ``RuntimeError``
-    without a host sync, see :mod:`lightning_sampled._validation`) and ignored positions are
-    weighted 0 instead of dropped, so that no shape depends on the data; eager steps keep the
-    ``ValueError`` / ``IndexError`` checks.
+    log-uniform sampler (in-batch negatives included) and of
+    :class:`~lightning_sampled.heads.OneVsEachHead` compile without graph breaks, and keep
+    compiling when the batch shape changes (a smaller last batch, another sequence length:
+    dynamo's automatic dynamic shapes); MIDX, TAPAS, CANE and ``normalize=True`` on the full
+    softmax compile with graph breaks (``tests/heads/test_compile.py``,
+    ``tests/heads/test_contract.py``). There the input checks are ``torch._assert_async`` calls
+    (bad input raises ``RuntimeError`` without a host sync, see
+    :mod:`lightning_sampled._validation`) and ignored positions are weighted 0 instead of
+    dropped, so that no shape depends on the data; eager steps keep the ``ValueError`` /
+    ``IndexError`` checks.
+
+    NaN or inf in the class table or the bias: the methods that return numbers (``forward``
+    whenever such a class is scored, :meth:`full_loss`, :meth:`log_prob`, :meth:`logits`)
+    return NaN, as ``F.cross_entropy`` does, with no host sync on the training path, so the
+    loss shows it; :meth:`topk`, whose indices would hide it (such a class ranks first, or
+    anywhere), refuses with a ``ValueError`` naming up to five such classes.
 
     Precision: ``z`` may come in any float dtype, under autocast or not, whatever the dtype of the
     class table. Every product of queries and class vectors runs in :func:`compute_dtype` of
@@ -103,7 +113,9 @@ class OutputHead(nn.Module):
         bias: ``True`` to learn a new per-class bias, ``False`` for none, or an existing ``[N]``
             ``nn.Parameter`` to tie to (e.g. ``nn.Linear(D, N).bias``).
         padding_idx: a class that is never sampled nor predicted (its logit is ``-inf``).
-        ignore_index: target value of positions to skip.
+        ignore_index: target value of positions to skip, outside ``[0, N)`` (a class id
+            cannot be both scored and skipped; :mod:`lightning_sampled.functional` accepts any
+            int, as ``F.cross_entropy``).
         chunk_size: classes per chunk in the exact methods; by default as many as keep one
             ``[T, C]`` block of logits within 2^24 elements (64 MiB), at least 1024.
         temperature: ``> 0``; the query is divided by it (so are the logits, but not the bias).
@@ -508,6 +520,11 @@ class OutputHead(nn.Module):
                 f"candidate_encoder must map ids {tuple(ids.shape)} to vectors "
                 f"{(*ids.shape, self.dim)}, got {got}"
             )
+        if not rows.is_floating_point():
+            # integer vectors would score, but no gradient could ever reach the tower
+            raise ValueError(
+                f"candidate_encoder must return floating-point vectors, got {rows.dtype}"
+            )
         return rows
 
     @property
@@ -888,8 +905,10 @@ class OutputHead(nn.Module):
 
         Raises:
             ValueError: a split table, a head whose class vectors are derived from a tree
-                (:attr:`growth_refusal`), an ``ignore_index`` that would become a class id, or
-                an ``init`` of the wrong shape.
+                (:attr:`growth_refusal`), an ``ignore_index`` that would become a class id, an
+                ``init`` of the wrong shape, with NaN or infinite entries, or rows the
+                proposal's index cannot hold (:meth:`Sampler.check_class_rows`). Nothing has
+                changed when it raises.
         """
         num_new = check_positive_int("num_new", num_new)
         self.refuse_split("add_classes", "grow the catalog before sharding the table")
@@ -918,6 +937,13 @@ class OutputHead(nn.Module):
             rows.copy_(init)
         else:
             init(rows)
+        # everything that can refuse the rows runs before anything grows: all or nothing
+        if not bool(torch.isfinite(rows).all()):  # a host check: add_classes is never hot
+            raise ValueError(
+                f"init gave new rows with NaN or infinite entries; nothing was added "
+                f"(the head still has {old} classes)"
+            )
+        self._check_new_rows(rows)
         grown = [self.weight] if self.bias is None else [self.weight, self.bias]
         self.weight.data = torch.cat([self.weight.data, rows])
         if self.bias is not None:
@@ -926,6 +952,8 @@ class OutputHead(nn.Module):
             if param.grad is not None:
                 param.grad = grown_rows(param.grad, param.shape[0])
         self.num_classes = old + num_new
+        if self.sharded:  # a one-process sharded head holds the whole, grown table
+            self.shard_layout.copy_(torch.tensor([self.num_classes, 1, 0]))
         for optimizer in optimizers:
             for param in grown:
                 grow_state_rows(optimizer, param, old)
@@ -946,6 +974,11 @@ class OutputHead(nn.Module):
                 "candidate_encoder gives the class vectors: it takes neither weight= nor "
                 "sharded=True"
             )
+
+    def _check_new_rows(self, rows: Tensor) -> None:
+        """Raises ``ValueError`` for new class vectors ``[num_new, D]`` that :meth:`add_classes`
+        could not complete with (called before anything grows): nothing here; heads with a
+        proposal ask it (:class:`~lightning_sampled.heads.ProposalHead`)."""
 
     def _after_growth(self, num_new: int) -> None:
         """What follows the table's growth by ``num_new`` rows: nothing here; heads with a
@@ -1074,11 +1107,3 @@ def make_bias(
         f"bias must be a bool or an nn.Parameter of shape ({num_classes},) to tie to, "
         f"got {type(bias).__name__}"
     )
-
-
-def check_label_smoothing(value: float) -> float:
-    """``float(value)`` if it is a number in ``[0, 1)``, else ``ValueError`` naming it."""
-    bad = isinstance(value, bool) or not isinstance(value, (int, float))
-    if bad or not 0.0 <= value < 1.0:
-        raise ValueError(f"label_smoothing must be a number in [0, 1), got {value!r}")
-    return float(value)

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .._random import rand
 from .._validation import sync_free
 from ..samplers.frequency import counted
 
@@ -150,7 +151,7 @@ def drawn_positions(
     from ``generator`` (``None``: torch's default). Where fewer are scored (static shapes), the
     rest are left-out positions, which :func:`limited_candidates` does not count. Fixed shapes,
     no host sync."""
-    keys = torch.rand(target.shape, device=target.device, generator=generator)
+    keys = rand(target.shape, target.device, generator)
     if mask is not None:
         keys = keys.masked_fill(~mask, 2.0)  # after every scored position
     index = keys.topk(limit, largest=False, sorted=False).indices

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._class_ids import padding_to_rank, skip_padding
+from .._random import rand, randint
 from .._validation import check_positive_int
 from ..samplers import Sampler
 from .chunked import class_chunks
@@ -121,9 +122,9 @@ class OneVsEachHead(ProposalHead):
             device = target.device
             generator = self.sampler.draw_generator(device)
             if self.replacement:
-                ranks = torch.randint(num_others, (num_rows, m), device=device, generator=generator)
+                ranks = randint(num_others, (num_rows, m), device, generator)
             else:
-                keys = torch.rand(num_rows, num_others, device=device, generator=generator)
+                keys = rand((num_rows, num_others), device, generator)
                 ranks = keys.topk(m, dim=1).indices
             # ranks index the drawable classes minus the target: step over the target's rank
             # among the drawable classes, then over the padding class.

@@ -93,6 +93,10 @@ class ProposalHead(OutputHead, abc.ABC):
             table = self.class_table()
         self.sampler.refresh(scored_rows(table, self.normalize))
 
+    def _check_new_rows(self, rows: Tensor) -> None:
+        """:meth:`OutputHead._check_new_rows`: the rows the proposal's index must hold."""
+        self.sampler.check_class_rows(rows)
+
     def _after_growth(self, num_new: int) -> None:
         """The proposal's support grows (:meth:`~lightning_sampled.samplers.Sampler.
         add_classes`) and its index is rebuilt from the grown table."""

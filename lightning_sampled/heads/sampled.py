@@ -204,7 +204,8 @@ class SampledSoftmaxHead(ProposalHead):
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
             :class:`OutputHead`. ``sharded=True`` takes the uniform, unigram, log-uniform and
-            MIDX (not MIDX-Learn) samplers, without in-batch negatives.
+            MIDX (not MIDX-Learn) samplers, with or without in-batch negatives (every rank's
+            targets, ``tests/heads/test_sharded.py``).
     """
 
     sharding_refusal = None
@@ -396,6 +397,13 @@ class SampledSoftmaxHead(ProposalHead):
         kept, queries, weights = self.several_positives(
             z, target, sample_weight, reduction, positives
         )
+        if negatives is None and self.num_negatives == 0:
+            raise ValueError(
+                "positives= scores several positives against the head's drawn negatives, and "
+                "this head draws none (num_negatives=0; the batch's other targets are not "
+                "negatives when several positives are given): build it with num_negatives > 0, "
+                "or pass negatives="
+            )
         if queries.shape[0] == 0:
             return nothing_scored(kept.mask, reduction, z)
         if negatives is None:

@@ -236,6 +236,11 @@ class Sampler(nn.Module):
     def refresh(self, class_embeddings: Tensor) -> None:
         """Rebuilds index buffers from the ``[N, D]`` class table; a no-op for static samplers."""
 
+    def check_class_rows(self, rows: Tensor) -> None:
+        """Raises ``ValueError`` for class vectors ``[R, D]`` that :meth:`refresh` would refuse
+        in a table (a head checks the rows it is about to add before anything grows); any rows
+        for samplers without an index."""
+
     def auxiliary_loss(self, z: Tensor, class_embeddings: Tensor) -> Tensor:
         """A loss that trains the sampler's own parameters (e.g. MIDX-Learn's codewords).
 

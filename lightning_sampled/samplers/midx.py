@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from .._class_ids import skip_padding
+from .._random import rand
 from .._validation import check_class_ids, check_positive_int
 from ..index import Cells, Quantizer, build_cells, cell_of, check_norms, make_quantizer
 from ..kernels.codeword_logits import CodewordLogits, check_backend, codeword_logits
@@ -312,11 +313,22 @@ class MIDXSampler(Sampler):
                 f"class_embeddings must have shape [num_classes={self.num_classes}, D], "
                 f"got {tuple(x.shape)}"
             )
+        self._check_rows("MIDXSampler.refresh: class_embeddings", x)
+        return x.float()
+
+    def check_class_rows(self, rows: Tensor) -> None:
+        """:meth:`Sampler.check_class_rows`: the table's width and norms that :meth:`refresh`
+        checks."""
+        if rows.dim() != 2:
+            raise ValueError(f"class rows must be [R, D], got shape {tuple(rows.shape)}")
+        self._check_rows("MIDXSampler: new class rows", rows.detach())
+
+    def _check_rows(self, name: str, x: Tensor) -> None:
+        """``x`` ``[R, D]`` against the index's ``D`` and faiss' fp32 distances."""
         if self.dim is not None and x.shape[1] != self.dim:
             raise ValueError(f"class_embeddings must have D = dim = {self.dim}, got {x.shape[1]}")
         self.quantizer.check_dim(x.shape[1])
-        check_norms("MIDXSampler.refresh: class_embeddings", x)
-        return x.float()
+        check_norms(name, x)
 
     def _codewords_match(self, dim: int) -> bool:
         return self.is_built and self.codewords.shape[-1] == self.quantizer.codeword_dim(dim)
@@ -328,6 +340,30 @@ class MIDXSampler(Sampler):
             current.data.copy_(value)
         else:
             self._buffers[name] = value.to(device=current.device, dtype=current.dtype).clone()
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """:meth:`Sampler.get_extra_state` and what the index's buffers mean: the quantizer's
+        name and the codebook size (a checkpoint of another quantizer fits the resizable buffers
+        and would load, then fail at the first draw)."""
+        return {
+            **super().get_extra_state(),
+            "quantizer": self.quantizer.name,
+            "codebook_size": self.codebook_size,
+        }
+
+    def set_extra_state(self, state: Any) -> None:
+        """Refuses an index built with another quantizer or codebook size (checkpoints from
+        before they were saved carry neither and load as they did), then continues the draw
+        stream."""
+        own = self.get_extra_state()
+        for key in ("quantizer", "codebook_size"):
+            if isinstance(state, Mapping) and state.get(key, own[key]) != own[key]:
+                raise ValueError(
+                    f"the checkpoint's MIDX index was built with {key}={state[key]!r} and this "
+                    f"MIDXSampler has {key}={own[key]!r}: build it with {key}={state[key]!r} "
+                    f"to load this checkpoint"
+                )
+        super().set_extra_state(state)
 
     def _load_from_state_dict(
         self,
@@ -429,10 +465,8 @@ class MIDXSampler(Sampler):
         first codeword from ``P1`` here, the rest by the mode's draw."""
         logits, log_weights, residual_logits = stage
         batch = z.shape[0]
-        u = torch.rand(2, batch, num_samples, device=z.device, generator=generator)
-        u_cell = torch.rand(
-            batch, num_samples, device=z.device, generator=generator, dtype=torch.float64
-        )
+        u = rand((2, batch, num_samples), z.device, generator)
+        u_cell = rand((batch, num_samples), z.device, generator, torch.float64)
         k1 = inverse_cdf(logits.log_p1.exp(), u[0])
         if residual_logits is None:
             return draw_fast(logits, self._cells(), k1, u[1], u_cell)

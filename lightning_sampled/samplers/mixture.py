@@ -82,6 +82,10 @@ class MixtureSampler(Sampler):
         for c in self.components:
             c.refresh(class_embeddings)
 
+    def check_class_rows(self, rows: Tensor) -> None:
+        for c in self.components:
+            c.check_class_rows(rows)
+
     def auxiliary_loss(self, z: Tensor, class_embeddings: Tensor) -> Tensor:
         return sum(c.auxiliary_loss(z, class_embeddings) for c in self.components)
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .._class_ids import padding_to_rank, skip_padding
+from .._random import rand, randint
 from .._validation import check_class_ids
 from .base import Sample, Sampler, lookup
 from .distinct import distinct_draws, expected_count_log_q
@@ -129,7 +130,7 @@ class UniformSampler(_StaticSampler):
         return UniformSampler(ids.numel(), padding_idx=self.local_padding(ids), unique=self.unique)
 
     def _draw(self, shape, device, generator):
-        ranks = torch.randint(self.num_drawable, shape, device=device, generator=generator)
+        ranks = randint(self.num_drawable, shape, device, generator)
         return skip_padding(ranks, self.padding_idx)
 
     def _log_q(self, ids: Tensor) -> Tensor:
@@ -152,7 +153,7 @@ class LogUniformSampler(_StaticSampler):
     """
 
     def _draw(self, shape, device, generator):
-        u = torch.rand(shape, device=device, generator=generator, dtype=torch.float64)
+        u = rand(shape, device, generator, torch.float64)
         ranks = torch.floor(torch.exp(u * math.log(self.num_drawable + 1))).long() - 1
         ranks = ranks.clamp_(0, self.num_drawable - 1)
         return skip_padding(ranks, self.padding_idx)
@@ -234,7 +235,7 @@ class UnigramSampler(_StaticSampler):
         self, shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor]:
         """Alias draws: each id and its ``log q`` from one packed row."""
-        u = torch.rand(math.prod(shape), device=device, generator=generator, dtype=torch.float64)
+        u = rand((math.prod(shape),), device, generator, torch.float64)
         ids, log_q = alias_draw(self.alias_rows, u)
         return ids.view(shape), log_q.float().view(shape)
 

@@ -141,3 +141,63 @@ def test_growth_is_refused_where_it_cannot_work():
     cane = CaneHead(N, D, num_candidates=3, num_noise=3)
     with pytest.raises(ValueError, match="CaneHead cannot add classes"):
         cane.add_classes(NEW)
+
+
+def midx_head_with_in_batch_negatives():
+    head = SampledSoftmaxHead(
+        N, D, MIDXSampler(N, 4, kmeans_iters=3), num_negatives=5, in_batch_negatives=True
+    )
+    head.refresh_index()
+    return head
+
+
+def assert_same(got, want):
+    """Nested dicts and lists of tensors and plain values, equal entry by entry."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys()
+        for key in want:
+            assert_same(got[key], want[key])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert_same(a, b)
+    elif isinstance(want, torch.Tensor):
+        assert torch.equal(got, want)
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize(
+    ("make", "init", "match"),
+    [
+        # MIDX's index refuses rows whose fp32 squared distances overflow: it used to raise in
+        # the refresh after the table, num_classes and the sampler had grown, before q_b did
+        (midx_head_with_in_batch_negatives, torch.full((3, D), 1e20), "beyond 9.22e"),
+        (midx_head_with_in_batch_negatives, torch.full((3, D), float("nan")), "NaN or infinite"),
+        # a head without an index used to take NaN rows silently
+        (lambda: FullSoftmaxHead(N, D, bias=True), torch.full((3, D), float("nan")), "NaN"),
+        (lambda: SampledSoftmaxHead(N, D), torch.full((3, D), float("inf")), "NaN or infinite"),
+        (lambda: FullSoftmaxHead(N, D), lambda rows: rows.fill_(float("nan")), "NaN"),
+    ],
+    ids=["midx_huge", "midx_nan", "full_nan", "sampled_inf", "full_nan_fill"],
+)
+def test_refused_new_rows_leave_the_head_as_it_was(make, init, match):
+    """All or nothing: rows that cannot be added are refused before anything grows, so the head
+    keeps its classes, state and shapes and trains on as before."""
+    torch.manual_seed(0)
+    head = make()
+    optimizer = torch.optim.Adam(head.parameters())
+    for _ in range(2):
+        optimizer.zero_grad()
+        head(torch.randn(5, D), torch.randint(N, (5,))).backward()
+        optimizer.step()
+    before = copy.deepcopy(head.state_dict())
+    state = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(ValueError, match=match):
+        head.add_classes(3, init, optimizers=[optimizer])
+    assert head.num_classes == N and head.weight.shape == (N, D)
+    sampler = getattr(head, "sampler", None)
+    assert sampler is None or sampler.num_classes == N
+    assert_same(head.state_dict(), before)
+    assert_same(optimizer.state_dict(), state)
+    head(torch.randn(4, D), torch.randint(N, (4,))).backward()  # trains on as before

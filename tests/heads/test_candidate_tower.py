@@ -111,3 +111,20 @@ def test_what_a_tower_cannot_do_is_refused():
     wrong = FullSoftmaxHead(N, D + 1, candidate_encoder=tower)
     with pytest.raises(ValueError, match=r"candidate_encoder must map ids \(2,\) to vectors"):
         wrong.embed(torch.tensor([1, 2]))
+
+
+class IntegerTower(Tower):
+    """The right shape, the wrong kind: integer vectors, through which no gradient flows."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids).round().long()
+
+
+@pytest.mark.parametrize("kind", ["sampled", "full"])
+def test_a_tower_returning_integer_vectors_is_refused(kind):
+    make = SampledSoftmaxHead if kind == "sampled" else FullSoftmaxHead
+    head = make(N, D, candidate_encoder=IntegerTower())
+    z, target = torch.randn(4, D), torch.randint(N, (4,))
+    for call in (lambda: head(z, target), lambda: head.full_loss(z, target)):
+        with pytest.raises(ValueError, match="must return floating-point vectors, got torch.int64"):
+            call()

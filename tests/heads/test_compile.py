@@ -211,6 +211,29 @@ def test_compiled_loss_and_gradients_equal_eager_on_cuda(name):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "name", ["unigram", "log_uniform", "uniform_shared", "in_batch_limited", "tapas", "midx"]
+)
+def test_a_changed_batch_shape_compiles_and_equals_eager(name):
+    """A training loop's smaller last batch or another sequence length: the second shape
+    recompiles with symbolic sizes (dynamo's automatic dynamic shapes), which every draw of every
+    proposal must accept (``torch.randint`` / ``torch.rand`` with ``generator=`` refused them:
+    "SymIntArrayRef expected to contain only concrete integers"). The contract suite runs the
+    heads' own proposals on two shapes with ``fullgraph=True``; here the other proposals and the
+    heads that break the graph, through AOTAutograd's eager backend."""
+    head = draw_like_compiled_code(HEADS[name][0]())
+    compiled = torch.compile(head, backend="aot_eager")
+    for shape in ((3, 5), (2, 7), (4, 3)):
+        z = torch.randn(*shape, D)
+        target = torch.randint(1, N, shape)
+        before = copy.deepcopy(head.state_dict())
+        eager = loss_and_grads(head, head, z, target, None)
+        head.load_state_dict(before)
+        got = loss_and_grads(head, compiled, z, target, None)
+        for want, result in zip(eager, got, strict=True):
+            torch.testing.assert_close(result, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["full", "uniform_shared"])
 def test_bad_input_fails_loudly_when_compiled(name):
     """Under compile the checks are ``torch._assert_async`` (``RuntimeError``), traced here by

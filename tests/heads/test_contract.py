@@ -583,7 +583,9 @@ def test_exact_methods_equal_the_full_softmax(case):
 # test_compile.py counts where each head breaks the graph and compares inductor with eager; here a
 # head that declares no ``breaks`` must compile with fullgraph=True through AOTAutograd and give
 # eager's loss and gradients (no ignored position: under compile those are kept, weighted 0, and
-# drawn for, so the draws would differ).
+# drawn for, so the draws would differ), on two batch shapes in a row, as a training loop's
+# smaller last batch or another sequence length brings: the second call recompiles with
+# symbolic sizes (dynamo's automatic dynamic shapes), which every draw must accept.
 
 
 @over_heads
@@ -592,21 +594,23 @@ def test_declared_compiling_heads_compile_to_one_graph_equal_to_eager(case):
     if breaks is not None:
         pytest.skip(f"{case[0]} breaks the graph today: {breaks}")
     head = draw_like_compiled_code(build(case, **TYPICAL))
-    z, y = batch((3, 4))
-    w = torch.rand(3, 4) + 0.5
-    results = []
     torch._dynamo.reset()
-    before = copy.deepcopy(head.state_dict())  # a training call changes state (in-batch q_b)
-    for fn in (head, torch.compile(head, backend="aot_eager", fullgraph=True)):
-        head.load_state_dict(before)
-        head.zero_grad()
-        zi = z.clone().requires_grad_()
-        loss = seeded(fn, zi, y, w)
-        loss.backward()
-        results.append([loss.detach(), zi.grad, *grads_of(head).values()])
+    compiled = torch.compile(head, backend="aot_eager", fullgraph=True)
+    for shape in ((3, 4), (2, 5)):
+        z, y = batch(shape)
+        w = torch.rand(shape) + 0.5
+        results = []
+        before = copy.deepcopy(head.state_dict())  # a training call changes state (in-batch q_b)
+        for fn in (head, compiled):
+            head.load_state_dict(before)
+            head.zero_grad()
+            zi = z.clone().requires_grad_()
+            loss = seeded(fn, zi, y, w)
+            loss.backward()
+            results.append([loss.detach(), zi.grad, *grads_of(head).values()])
+        for got, want in zip(*results, strict=True):
+            close(got, want)
     torch._dynamo.reset()
-    for got, want in zip(*results, strict=True):
-        close(got, want)
 
 
 # -- 11. bad input ---------------------------------------------------------------------------------
@@ -647,6 +651,24 @@ def test_bad_queries_and_targets_are_refused_naming_the_argument(case):
         head.topk(z, 3, exclude=torch.full((3, 4, 2), N))
     with pytest.raises(ValueError, match="exclude must have shape"):
         head.topk(z, 3, exclude=torch.zeros(4, 2, dtype=torch.long))
+
+
+@over_heads
+def test_a_nan_class_vector_gives_nan_numbers_and_a_refused_topk(case):
+    """One documented behaviour (OutputHead's docstring): the exact methods that return numbers
+    return NaN, visibly, as ``F.cross_entropy`` does and without a host sync; ``topk``, whose
+    indices would hide it, refuses, naming the class."""
+    head = build(case, **TYPICAL)
+    with torch.no_grad():
+        head.weight[PAD + 1] = math.nan  # not the padding class, which is never scored
+    if not torch.isnan(head.class_table()[PAD + 1]).all():
+        pytest.skip(f"{case[0]}'s class vectors are not the rows of its weight")
+    z, y = batch((3, 4))
+    assert torch.isnan(head.log_prob(z, y)).all()
+    assert torch.isnan(head.full_loss(z, y))
+    assert torch.isnan(head.logits(z)[..., PAD + 1]).all()
+    with pytest.raises(ValueError, match=f"class table .*{PAD + 1}"):
+        head.topk(z, 3)
 
 
 BAD_OPTIONS = [

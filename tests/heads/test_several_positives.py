@@ -119,3 +119,18 @@ def test_heads_without_several_positives_refuse_them_but_their_full_loss_takes_t
         in_batch(z, target, positives="each")
     with pytest.raises(ValueError, match="label_smoothing"):
         FullSoftmaxHead(N, D, label_smoothing=0.1)(z, target, positives="each")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_head_that_draws_nothing_refuses_several_positives_saying_why(form):
+    """``num_negatives=0`` (the batch's targets as the only negatives) draws nothing, and the
+    batch is not used with several positives: it used to fail in the sampler with "num_samples
+    must be a positive integer, got 0". Given negatives still work."""
+    z, target = positives_batch()
+    head = with_table(SampledSoftmaxHead(N, D, num_negatives=0))
+    with pytest.raises(ValueError, match=r"this head draws none \(num_negatives=0"):
+        head(z, target, positives=form)
+    ids = torch.tensor([1, 4, 7])
+    loss = head(z, target, positives=form, negatives=ids, negative_log_q=torch.full((3,), -2.0),
+                target_log_q=torch.full(target.shape, -2.0))  # fmt: skip
+    assert torch.isfinite(loss)

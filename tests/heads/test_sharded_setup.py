@@ -11,6 +11,7 @@ from lightning_sampled.heads import (
     CaneHead,
     FullSoftmaxHead,
     OneVsEachHead,
+    SampledSoftmaxHead,
     TapasHead,
 )
 from lightning_sampled.heads.stratified import stratum_size
@@ -99,6 +100,22 @@ def test_a_deferred_head_loads_a_checkpoint_into_real_rows():
     sharded = FullSoftmaxHead(N, D, sharded=True, bias=True)
     sharded.load_state_dict(plain.state_dict())
     assert torch.equal(sharded.weight, plain.weight) and torch.equal(sharded.bias, plain.bias)
+
+
+def test_a_one_process_sharded_head_grows_and_loads_its_own_checkpoint():
+    """In one process a sharded head holds the whole table and can grow it; its layout grows
+    with it (it used to keep the old size, so that its own checkpoint could not load into a head
+    of the new size: "rows of rank 0 of a table of 23 classes split over 1 ranks")."""
+    head = SampledSoftmaxHead(N, D, num_negatives=3, sharded=True, bias=True)
+    head.shard()
+    head.add_classes(15)
+    assert head.shard_layout.tolist() == [N + 15, 1, 0]
+    grown = SampledSoftmaxHead(N + 15, D, num_negatives=3, sharded=True, bias=True)
+    grown.load_state_dict(head.state_dict())
+    assert torch.equal(grown.weight, head.weight) and torch.equal(grown.bias, head.bias)
+    plain = SampledSoftmaxHead(N + 15, D, num_negatives=3, bias=True)
+    plain.load_state_dict(head.state_dict(), strict=False)
+    assert torch.equal(plain.weight, head.weight)
 
 
 @pytest.mark.parametrize(

@@ -371,6 +371,40 @@ def test_head_checkpoint_restores_sampling():
     )
 
 
+@pytest.mark.parametrize(
+    ("saved", "loading", "match"),
+    [
+        (dict(quantizer="rq"), dict(quantizer="pq"), "quantizer='rq' and this MIDXSampler has"),
+        (dict(quantizer="pq"), dict(quantizer="rq"), "quantizer='pq'"),
+        (dict(codebook_size=4), dict(codebook_size=5), "codebook_size=4"),
+    ],
+)
+def test_a_checkpoint_of_another_index_is_refused_at_load(saved, loading, match):
+    """An RQ head's state fits a PQ head's resizable buffers: it used to load silently, then
+    the first draw failed with "z must have 16 features to match the index, got 8"."""
+    n, d = 70, 16
+    options = dict(quantizer="rq", codebook_size=4) | saved
+    head = SampledSoftmaxHead(n, d, MIDXSampler(n, options.pop("codebook_size"), **options), 10)
+    head.refresh_index()
+    options = dict(quantizer="rq", codebook_size=4) | loading
+    other = SampledSoftmaxHead(n, d, MIDXSampler(n, options.pop("codebook_size"), **options), 10)
+    with pytest.raises(ValueError, match=match):
+        other.load_state_dict(head.state_dict())
+
+
+def test_a_checkpoint_from_before_the_index_kind_was_saved_still_loads():
+    """Checkpoints whose sampler state holds only the draw stream load as they did."""
+    n, d = 70, 8
+    head = SampledSoftmaxHead(n, d, MIDXSampler(n, 4, kmeans_iters=5), 10)
+    head.refresh_index()
+    state = head.state_dict()
+    state["sampler._extra_state"] = {"seed": 3, "draws": 7}
+    other = SampledSoftmaxHead(n, d, MIDXSampler(n, 4), 10)
+    other.load_state_dict(state)
+    assert other.sampler.draw_stream.state() == {"seed": 3, "draws": 7}
+    assert torch.equal(other.sampler.codewords, head.sampler.codewords)
+
+
 def test_refresh_warm_starts_and_counts():
     sampler = built(n=300, d=8, k=6)
     first = sampler.codewords.clone()
