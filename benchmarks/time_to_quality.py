@@ -426,7 +426,7 @@ def gcide_task(data: dict[str, Any], shapes: Shapes, device: torch.device) -> Ta
         metric = Perplexity().to(device)
         for batch in batches:
             z = model.eval_queries(batch)
-            metric.update_from_log_prob(head.log_prob(z, batch["target"]))
+            metric.update_from_log_prob(head.log_prob(z, batch["target"]), target=batch["target"])
         return float(metric.compute())
 
     scored = {key: sum(b["target"].numel() for b in evaluation[key]) for key in evaluation}

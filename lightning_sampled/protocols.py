@@ -18,13 +18,15 @@ protocol              members                                     used by
 :class:`ShardedTable` ``sharded``, ``is_split``, ``shard()``,      ``ShardedTables``,
                       ``shard_ids``, ``whole_table()``, ...       ``IndexRefresh``,
                                                                   ``SparseGradSync``
+:class:`ExactLoss`    ``full_loss(z, target, ...)``,              ``ExactTrainingLoss``
+                      ``ignore_index``
 ====================  ==========================================  ==============================
 
-The heads implement them: every head is :class:`Schedulable` (``temperature``; TAPAS also
-``selection_temperature``), every :class:`~lightning_sampled.heads.ProposalHead` is
-:class:`Refreshable` and :class:`HasProposal`, ``CaneHead`` :class:`ReportsCoverage`, every head
-that owns a table :class:`SparseGradTable` and :class:`ShardedTable`, and ``MIDXSampler``
-:class:`IndexStats`.
+The heads implement them: every head is :class:`ExactLoss` and :class:`Schedulable`
+(``temperature``; TAPAS also ``selection_temperature``), every
+:class:`~lightning_sampled.heads.ProposalHead` is :class:`Refreshable` and :class:`HasProposal`,
+``CaneHead`` :class:`ReportsCoverage`, every head that owns a table :class:`SparseGradTable` and
+:class:`ShardedTable`, and ``MIDXSampler`` :class:`IndexStats`.
 """
 
 from __future__ import annotations
@@ -118,3 +120,14 @@ class ShardedTable(Protocol):
     def shard(self) -> None: ...
 
     def whole_table(self) -> dict[str, Tensor]: ...
+
+
+@runtime_checkable
+class ExactLoss(Protocol):
+    """Has an exact loss beside its training objective: ``full_loss(z, target, sample_weight,
+    *, positives=None)``, the exact mean negative log-likelihood of the positions whose target is
+    not ``ignore_index``."""
+
+    ignore_index: int
+
+    def full_loss(self, z: Tensor, target: Tensor, *args: object, **kwargs: object) -> Tensor: ...

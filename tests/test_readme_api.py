@@ -37,3 +37,28 @@ def test_the_api_example_runs_and_its_losses_are_what_the_readme_says():
     assert torch.isfinite(ns["newest"])
     ns["tower_loss"].backward()
     assert ns["tower"][1].weight.grad.abs().sum() > 0  # the loss trains the tower
+
+
+def test_the_perplexity_example_runs_and_equals_torchmetrics_on_the_logits():
+    """The README's exact perplexity with a head ("Which number estimates what"), run as
+    written over batches with ignored positions, equals torchmetrics' Perplexity of the full
+    logits with ``ignore_index=-100``."""
+    from torchmetrics.text import Perplexity as Reference
+
+    from lightning_sampled.heads import SampledSoftmaxHead
+
+    section = README.read_text().split("### Which number estimates what", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    g = torch.Generator().manual_seed(0)
+    head = SampledSoftmaxHead(300, 16, num_negatives=5)
+    batches = []
+    for _ in range(3):
+        y = torch.randint(300, (4, 9), generator=g)
+        y[torch.rand(4, 9, generator=g) < 0.3] = -100
+        batches.append((torch.randn(4, 9, 16, generator=g), y))
+    ns: dict = {"head": head, "batches": batches}
+    exec(code, ns)  # noqa: S102 (the README's own code)
+    reference = Reference(ignore_index=-100)
+    for z, y in batches:
+        reference.update(head.logits(z).detach(), y)
+    torch.testing.assert_close(ns["ppl"].compute(), reference.compute(), rtol=1e-5, atol=0)

@@ -1,7 +1,8 @@
-"""Callbacks: when indexes are rebuilt, temperatures annealed, diagnostics logged and sparse
-gradients reduced, or class tables split, across ranks."""
+"""Callbacks: when indexes are rebuilt, temperatures annealed, diagnostics and the exact training
+loss logged and sparse gradients reduced, or class tables split, across ranks."""
 
 from .diagnostics import SamplerDiagnostics
+from .exact_loss import ExactTrainingLoss
 from .index_refresh import IndexRefresh
 from .rng import RNGCheckpoint
 from .sharded_tables import ShardedTables
@@ -9,5 +10,5 @@ from .sparse_grad_sync import SparseGradSync
 from .temperature import TemperatureSchedule
 
 __all__ = ["TemperatureSchedule"]
-__all__ += ["IndexRefresh", "SamplerDiagnostics"]
+__all__ += ["ExactTrainingLoss", "IndexRefresh", "SamplerDiagnostics"]
 __all__ += ["RNGCheckpoint", "ShardedTables", "SparseGradSync"]

@@ -25,16 +25,20 @@ class Perplexity(Metric):
     - ``update(preds, target)``: logits ``[..., V]`` and class ids ``[...]``, as torchmetrics'
       ``torchmetrics.text.Perplexity`` (which it equals), targets equal to ``ignore_index``
       skipped.
-    - ``update(log_prob=..., mask=...)`` or :meth:`update_from_log_prob`: per-token
-      log-probabilities ``[...]``, e.g. a head's exact ``head.log_prob(z, target)``, which never
-      materialises the ``[..., V]`` logits. ``mask`` marks the tokens to count (the head returns
-      ``0`` at ignored positions, so pass ``target != head.ignore_index``).
+    - ``update(log_prob=..., target=...)`` (or ``mask=`` in place of ``target``) or
+      :meth:`update_from_log_prob`: per-token log-probabilities ``[...]``, e.g. a head's exact
+      ``head.log_prob(z, target)``, which never materialises the ``[..., V]`` logits. Either
+      ``target`` (the tokens whose target is ``ignore_index`` are skipped) or a bool ``mask``
+      (the tokens to count) is required: a head's ``log_prob`` is ``0`` at ignored positions,
+      which would otherwise count as tokens predicted with certainty and lower the perplexity
+      silently.
     - ``update(nll_sum=..., num_tokens=...)`` or :meth:`update_from_nll`: a summed NLL and its token
       count, e.g. ``head.full_loss(z, y) * n``.
 
     Args:
-        ignore_index: target id to skip in ``update(preds, target)`` (any int, as in
-            torchmetrics; ``None`` to skip none).
+        ignore_index: target id to skip (any int; ``None`` to skip none). ``-100`` by default,
+            as the heads and ``F.cross_entropy`` (torchmetrics' own ``Perplexity`` defaults to
+            ``None``).
         kwargs: passed to :class:`torchmetrics.Metric`.
     """
 
@@ -46,7 +50,7 @@ class Perplexity(Metric):
     nll_sum: Tensor
     num_tokens: Tensor
 
-    def __init__(self, ignore_index: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, ignore_index: int | None = -100, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if ignore_index is not None and (
             isinstance(ignore_index, bool) or not isinstance(ignore_index, int)
@@ -74,9 +78,11 @@ class Perplexity(Metric):
 
         Args:
             preds: logits ``[..., V]`` (unnormalised; softmax is taken here in fp32).
-            target: class ids ``[...]`` in ``[0, V)`` or ``ignore_index``.
-            log_prob: per-token log-probabilities ``[...]`` (each ``<= 0``).
-            mask: optional bool ``[...]`` with ``log_prob``: the tokens to count (default all).
+            target: class ids ``[...]`` in ``[0, V)`` or ``ignore_index``, with ``preds`` or
+                with ``log_prob``.
+            log_prob: per-token log-probabilities ``[...]`` (each ``<= 0``), with ``target``
+                or ``mask``.
+            mask: bool ``[...]`` with ``log_prob`` in place of ``target``: the tokens to count.
             nll_sum: a summed negative log-likelihood (a float or scalar tensor, ``>= 0``).
             num_tokens: the number of tokens in ``nll_sum`` (an int or integer scalar tensor).
 
@@ -85,30 +91,33 @@ class Perplexity(Metric):
             IndexError: a target id outside ``[0, V)`` that is not ``ignore_index``.
         """
         given = {
-            "logits": preds is not None or target is not None,
+            "logits": preds is not None or (target is not None and log_prob is None),
             "log_prob": log_prob is not None or mask is not None,
             "nll": nll_sum is not None or num_tokens is not None,
         }
         if sum(given.values()) != 1:
             raise ValueError(
-                "update takes exactly one of (preds, target), (log_prob, mask=None) or "
+                "update takes exactly one of (preds, target), (log_prob, target or mask) or "
                 f"(nll_sum, num_tokens); got arguments for {[k for k, v in given.items() if v]}"
             )
         if given["logits"]:
             nll, count = self._from_logits(preds, target)
         elif given["log_prob"]:
-            nll, count = self._from_log_prob(log_prob, mask)
+            nll, count = self._from_log_prob(log_prob, self._counted(log_prob, target, mask))
         else:
             nll, count = self._from_nll(nll_sum, num_tokens)
         self.nll_sum += nll.to(self.nll_sum.device)
         self.num_tokens += count
 
-    def update_from_log_prob(self, log_prob: Tensor, mask: Tensor | None = None) -> None:
-        """Adds per-token log-probabilities ``[...]``; ``mask`` (bool ``[...]``) picks the tokens.
+    def update_from_log_prob(
+        self, log_prob: Tensor, mask: Tensor | None = None, *, target: Tensor | None = None
+    ) -> None:
+        """Adds per-token log-probabilities ``[...]`` of the tokens that bool ``mask`` ``[...]``
+        picks, or of those whose ``target`` ``[...]`` is not ``ignore_index`` (one of the two).
 
-        Example: ``ppl.update_from_log_prob(head.log_prob(z, y), y != head.ignore_index)``.
+        Example: ``ppl.update_from_log_prob(head.log_prob(z, y), target=y)``.
         """
-        self.update(log_prob=log_prob, mask=mask)
+        self.update(log_prob=log_prob, mask=mask, target=target)
 
     def update_from_nll(self, nll_sum: Tensor | float, num_tokens: Tensor | int) -> None:
         """Adds a summed NLL (scalar, ``>= 0``) over ``num_tokens`` tokens."""
@@ -131,9 +140,15 @@ class Perplexity(Metric):
                 f"{tuple(preds.shape)}"
             )
         if tuple(target.shape) != tuple(preds.shape[:-1]):
+            hint = (
+                "; preds has target's shape: for per-token log-probabilities (a head's "
+                "log_prob) call update(log_prob=..., target=...)"
+                if tuple(target.shape) == tuple(preds.shape)
+                else ""
+            )
             raise ValueError(
                 f"target must have shape {tuple(preds.shape[:-1])} (preds without its last dim), "
-                f"got {tuple(target.shape)}"
+                f"got {tuple(target.shape)}{hint}"
             )
         if target.dtype not in _INT_DTYPES:
             raise ValueError(f"target must be an integer tensor, got dtype {target.dtype}")
@@ -158,25 +173,51 @@ class Perplexity(Metric):
         nll = torch.logsumexp(logits, dim=-1) - logits.gather(1, target[:, None]).squeeze(1)
         return nll.sum(dtype=torch.float64), target.numel()
 
-    def _from_log_prob(self, log_prob: Tensor | None, mask: Tensor | None) -> tuple[Tensor, int]:
+    def _counted(
+        self, log_prob: Tensor | None, target: Tensor | None, mask: Tensor | None
+    ) -> Tensor | None:
+        """The bool mask of the tokens to count in the log-probability form: ``mask``, or
+        ``target != ignore_index``; exactly one of them must be given."""
+        if (target is None) == (mask is None):
+            raise ValueError(
+                "update(log_prob=...) needs exactly one of target= (the tokens whose target is "
+                "ignore_index are skipped) or mask= (the tokens to count): a head's log_prob is "
+                "0 at ignored positions, which would count as tokens predicted with certainty; "
+                "mask=torch.ones_like(log_prob, dtype=torch.bool) counts every token"
+            )
+        if mask is not None:
+            return mask
+        if not isinstance(target, Tensor) or target.dtype not in _INT_DTYPES:
+            raise ValueError(
+                f"target must be an integer tensor of class ids, got "
+                f"{target.dtype if isinstance(target, Tensor) else type(target).__name__}"
+            )
+        if isinstance(log_prob, Tensor) and tuple(target.shape) != tuple(log_prob.shape):
+            raise ValueError(
+                f"target must have the shape of log_prob {tuple(log_prob.shape)}, "
+                f"got {tuple(target.shape)}"
+            )
+        if self.ignore_index is None:
+            return torch.ones(target.shape, dtype=torch.bool, device=target.device)
+        return target != self.ignore_index
+
+    def _from_log_prob(self, log_prob: Tensor | None, mask: Tensor) -> tuple[Tensor, int]:
         if not isinstance(log_prob, Tensor) or not log_prob.is_floating_point():
             raise ValueError(
                 f"log_prob must be a float tensor of per-token log-probabilities, got "
                 f"{log_prob.dtype if isinstance(log_prob, Tensor) else type(log_prob).__name__}"
             )
-        if mask is not None:
-            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-                raise ValueError(
-                    f"mask must be a bool tensor, got "
-                    f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}"
-                )
-            if tuple(mask.shape) != tuple(log_prob.shape):
-                raise ValueError(
-                    f"mask must have the shape of log_prob {tuple(log_prob.shape)}, "
-                    f"got {tuple(mask.shape)}"
-                )
-            log_prob = log_prob[mask.to(log_prob.device)]
-        log_prob = log_prob.detach().reshape(-1)
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise ValueError(
+                f"mask must be a bool tensor, got "
+                f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}"
+            )
+        if tuple(mask.shape) != tuple(log_prob.shape):
+            raise ValueError(
+                f"mask must have the shape of log_prob {tuple(log_prob.shape)}, "
+                f"got {tuple(mask.shape)}"
+            )
+        log_prob = log_prob[mask.to(log_prob.device)].detach()
         if bool(torch.isnan(log_prob).any()):
             raise ValueError(f"log_prob contains NaN values (shape {tuple(log_prob.shape)})")
         if log_prob.numel() and float(log_prob.max()) > _LOG_PROB_TOLERANCE:

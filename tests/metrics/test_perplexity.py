@@ -72,10 +72,35 @@ def test_head_log_prob_equals_torchmetrics_on_logits(seed: int) -> None:
     metric = Perplexity()
     metric.update_from_log_prob(head.log_prob(z, target), target != head.ignore_index)
     assert float(metric.compute()) == pytest.approx(expected, rel=1e-5)
-    # forgetting the mask counts the ignored tokens (log-prob 0): a different, lower number
-    unmasked = Perplexity()
-    unmasked.update_from_log_prob(head.log_prob(z, target))
-    assert float(unmasked.compute()) < expected
+    by_target = Perplexity()
+    by_target.update(log_prob=head.log_prob(z, target), target=target)
+    by_target.update_from_log_prob(head.log_prob(z, target), target=target)
+    assert float(by_target.compute()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_ignored_positions_cannot_be_counted_silently() -> None:
+    """A head's ``log_prob`` is 0 at ignored positions: counted, they lowered the perplexity
+    (34,799 instead of 53,999 in the report that found it). Without ``target`` or ``mask`` the
+    update is refused; ``update(lp, y)`` positionally says what to call instead; the default
+    ``ignore_index`` is the heads' -100."""
+    torch.manual_seed(0)
+    head = FullSoftmaxHead(V, 6)
+    z = torch.randn(3, 7, 6)
+    _, target = make_data(0)
+    log_prob = head.log_prob(z, target)
+    with pytest.raises(ValueError, match="needs exactly one of target= .* or mask="):
+        Perplexity().update(log_prob=log_prob)
+    with pytest.raises(ValueError, match="needs exactly one of target="):
+        Perplexity().update_from_log_prob(log_prob)
+    with pytest.raises(ValueError, match="needs exactly one of target="):
+        Perplexity().update(log_prob=log_prob, target=target, mask=target >= 0)
+    with pytest.raises(ValueError, match=r"update\(log_prob=..., target=...\)"):
+        Perplexity().update(log_prob, target)
+    assert Perplexity().ignore_index == head.ignore_index == -100
+    logits = head.logits(z)
+    default = Perplexity()
+    default.update(logits, target)  # -100 targets skipped, as the heads skip them
+    assert float(default.compute()) == pytest.approx(reference(logits, target), rel=1e-5)
 
 
 def test_nll_sum_equals_torchmetrics() -> None:
@@ -152,9 +177,23 @@ def test_bad_constructor() -> None:
             "NaN",
         ),
         ({"preds": torch.randn(2, 5)}, ValueError, "both preds and target"),
-        ({"log_prob": torch.tensor([-1.0, 0.5])}, ValueError, "log_prob .*<= 0.*got 0.5"),
-        ({"log_prob": torch.tensor([-1.0, math.nan])}, ValueError, "log_prob contains NaN"),
-        ({"log_prob": torch.tensor([-1, -2])}, ValueError, "log_prob must be a float"),
+        (
+            {"log_prob": torch.tensor([-1.0, 0.5]), "mask": torch.ones(2).bool()},
+            ValueError,
+            "log_prob .*<= 0.*got 0.5",
+        ),
+        (
+            {"log_prob": torch.tensor([-1.0, math.nan]), "target": torch.tensor([1, 2])},
+            ValueError,
+            "log_prob contains NaN",
+        ),
+        (
+            {"log_prob": torch.tensor([-1, -2]), "target": torch.tensor([1, 2])},
+            ValueError,
+            "log_prob must be a float",
+        ),
+        ({"log_prob": torch.zeros(3), "target": torch.zeros(2).long()}, ValueError, "shape of"),
+        ({"log_prob": torch.zeros(3), "target": torch.zeros(3)}, ValueError, "integer tensor"),
         ({"log_prob": torch.zeros(3), "mask": torch.ones(2).bool()}, ValueError, "mask .* shape"),
         ({"log_prob": torch.zeros(3), "mask": torch.ones(3)}, ValueError, "mask must be a bool"),
         ({"nll_sum": -2.0, "num_tokens": 3}, ValueError, "nll_sum .* got -2.0"),
