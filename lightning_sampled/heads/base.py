@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .._deprecation import renamed_attribute
 from .._validation import (
@@ -30,6 +31,7 @@ from ..sharding.collectives import (
     is_distributed,
     world_and_rank,
 )
+from . import chunked
 from .chunked import (
     chunk_logits,
     chunked_nll,
@@ -546,7 +548,31 @@ class OutputHead(nn.Module):
 
         Returns:
             ``[T, M]`` fp32 logits.
+
+        Per-query candidates are gathered a block of positions at a time
+        (:func:`~lightning_sampled.heads.chunked.positions_per_gather`: at most
+        ``MAX_BLOCK_ELEMENTS`` gathered entries), each block under activation checkpointing when
+        gradients are on, so that the ``[T, M, D]`` vectors (418 MB at a language model's 4,088
+        positions, 100 draws and D = 256) and their gradient are never held whole: the block is
+        gathered again in backward. Under ``torch.compile`` the gather is one block.
         """
+        if ids.dim() == 1 or torch.compiler.is_compiling():
+            return self._gathered_logits(z, ids)
+        step = chunked.positions_per_gather(ids.shape[1], z.shape[-1])
+        if ids.shape[0] <= step:
+            return self._gathered_logits(z, ids)
+        blocks = zip(z.split(step), ids.split(step), strict=True)
+        if not torch.is_grad_enabled():
+            return torch.cat([self._gathered_logits(z_b, ids_b) for z_b, ids_b in blocks])
+        return torch.cat(
+            [
+                checkpoint(self._gathered_logits, z_b, ids_b, use_reentrant=False)
+                for z_b, ids_b in blocks
+            ]
+        )
+
+    def _gathered_logits(self, z: Tensor, ids: Tensor) -> Tensor:
+        """:meth:`candidate_logits` of one gather."""
         return gathered_logits(z, *self.class_rows(ids))
 
     def target_and_candidate_logits(

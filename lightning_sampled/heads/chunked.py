@@ -40,6 +40,12 @@ def resolve_chunk_size(chunk_size: int | None, num_rows: int, num_classes: int) 
     return min(chunk_size, num_classes)
 
 
+def positions_per_gather(num_candidates: int, dim: int) -> int:
+    """Positions whose per-query candidate vectors ``[t, num_candidates, D]`` fit one block of
+    :data:`MAX_BLOCK_ELEMENTS` (at least 1): how many a sampled head gathers at a time."""
+    return max(1, MAX_BLOCK_ELEMENTS // max(num_candidates * dim, 1))
+
+
 def compute_dtype(z: Tensor) -> torch.dtype:
     """The matmul dtype: the autocast dtype when autocast is on for ``z``'s device; otherwise
     fp32 for fp16 / bf16 ``z`` (half-precision products outside autocast lose accuracy, and fp16

@@ -1,4 +1,5 @@
-"""The head contract (DESIGN.md, "Contracts" and "Conventions"), tested once for every head.
+"""The head contract (docs/architecture.md, "Heads"; the README's head options), tested once for
+every head.
 
 A new head is added by one line in :data:`HEADS`: a factory ``make(num_classes, dim, sampler,
 **options)`` that passes the shared options (``weight``, ``bias``, ``padding_idx``,
