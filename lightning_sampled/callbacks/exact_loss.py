@@ -37,9 +37,10 @@ class ExactTrainingLoss(L.Callback):
     probed on its first training forward of the chosen steps, through a forward hook that is
     removed once the batch ends. The value goes to the trainer's loggers (rank 0's, as every
     logger writes on rank 0 only) as ``name`` (``train/exact_loss``; with several heads,
-    ``name/<submodule path>``) at that step, next to the module's own ``train/loss``, and into
-    ``trainer.callback_metrics``. A position with several positives (``positives=``) counts as
-    one row.
+    ``name/<submodule path>``) at that step, next to the module's own ``train/loss``; not into
+    ``trainer.callback_metrics``, where a value of an early step would outlive it (a run
+    resumed after that step would then differ from the uninterrupted one there). A position
+    with several positives (``positives=``) counts as one row.
 
     Args:
         every_n_train_steps: probe the steps whose ``trainer.global_step`` is a multiple of it.
@@ -88,7 +89,6 @@ class ExactTrainingLoss(L.Callback):
         metrics = {key: float(value) for key, value in self._values.items()}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=self._probed_step)
-        trainer.callback_metrics.update(self._values)
         self._values.clear()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
