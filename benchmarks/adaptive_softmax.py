@@ -26,7 +26,6 @@ Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import time
@@ -36,17 +35,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from benchmarks.common import RESULTS_DIR, median_time, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    add_threads_argument,
+    log,
+    make_parser,
+    median_time,
+    pyplot,
+    save_figure,
+    set_threads,
+    write_results,
+)
 from lightning_sampled.inference import AdaptiveSoftmax, adaptive_success, exact_topk_softmax
 
 PAPER_AVERAGE_GAIN = {"a": 3.953, "b": 29.039}
 NUM_ARMS = 100
 EPS, DELTA = 0.3, 0.1
-
-
-def log(message: str) -> None:
-    """Progress line with a wall-clock stamp."""
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def synthetic_instance(dataset: str, dim: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -103,10 +107,7 @@ def run_synthetic(
 
 def plot_synthetic(rows: list[dict[str, Any]]) -> None:
     """Figure-1-style plot: samples and gain against ``d`` (log x) for (a) and (b)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
     for column, dataset in enumerate("ab"):
@@ -138,8 +139,7 @@ def plot_synthetic(rows: list[dict[str, Any]]) -> None:
         gain.legend(fontsize=8)
     fig.suptitle(f"AdaptiveSoftmax, eps = {EPS}, delta = {DELTA}, no tuning")
     fig.tight_layout()
-    fig.savefig(RESULTS_DIR / "adaptive_softmax_synthetic.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, RESULTS_DIR / "adaptive_softmax_synthetic.png", dpi=120)
 
 
 def run_wallclock(
@@ -215,7 +215,7 @@ def run_wallclock(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--trials", type=int, default=100, help="trials per d")
     parser.add_argument(
         "--large-trials", type=int, default=40, help="trials per d for d > --large-dim"
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--wall-repeats", type=int, default=5)
     parser.add_argument("--calibration-queries", type=int, default=32)
     parser.add_argument("--skip-wallclock", action="store_true")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_threads_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick",
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.trials = args.large_trials = 5
         args.points, args.max_dim = 8, 1e5
         args.calibration_queries, args.wall_repeats = 0, 2
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     suffix = "_quick" if args.quick else ""
 
     def trials_for(dim: int) -> int:

@@ -24,7 +24,6 @@ Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -34,8 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from benchmarks.adaptive_softmax import log
-from benchmarks.common import write_results
+from benchmarks.common import add_threads_argument, log, make_parser, set_threads, write_results
 from lightning_sampled.inference import AdaptiveSoftmax, adaptive_success, exact_topk_softmax
 
 EPS = 0.3
@@ -194,7 +192,7 @@ def run_head(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--dims", type=int, nargs="+", default=[200], help="embedding widths")
     parser.add_argument(
         "--checkpoint",
@@ -216,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--test", type=int, default=500, help="test queries")
     parser.add_argument("--tolerance", type=float, default=0.05, help="log10 bisection width")
     parser.add_argument("--batch-size", type=int, default=50, help="queries per topk call")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    add_threads_argument(parser, 2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--note", default="", help="provenance of --checkpoint (e.g. its training command)"
@@ -233,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     limits = args.limit_train_batches
     if len(limits) == 1:
         limits = limits * len(args.dims)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started = time.perf_counter()
     rows, provenance = [], []
     for position, dim in enumerate(args.dims):

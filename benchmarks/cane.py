@@ -19,49 +19,26 @@ N = 1e6.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from benchmarks.common import RESULTS_DIR, load_average, write_results
+from benchmarks._shapes import DIM, clustered_table, recall
+from benchmarks.common import (
+    RESULTS_DIR,
+    add_threads_argument,
+    load_average,
+    log,
+    make_parser,
+    measured_load,
+    pyplot,
+    save_figure,
+    set_threads,
+    timed_rounds,
+    write_results,
+)
 from lightning_sampled.heads.cane import CaneHead
-
-DIM = 64
-CLASSES_PER_CENTRE = 100
-
-
-def log(message: str) -> None:
-    print(f"[cane {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def clustered_table(num_classes: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """``(table [N, D], centres [N / 100, D])``: each class a random centre plus noise."""
-    centres = torch.randn(max(1, num_classes // CLASSES_PER_CENTRE), DIM, generator=generator)
-    owner = torch.randint(0, centres.shape[0], (num_classes,), generator=generator)
-    return centres[owner] + 0.5 * torch.randn(num_classes, DIM, generator=generator), centres
-
-
-def recall(found: Tensor, exact: Tensor) -> float:
-    """Mean fraction of each row of ``exact`` ``[T, k]`` that ``found`` ``[T, k]`` holds."""
-    hits = (found[:, :, None] == exact[:, None, :]).any(1)
-    return float(hits.float().mean())
-
-
-def round_robin(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each call over ``repeats`` rounds (one call of each per round), after a
-    warm-up round."""
-    for fn in calls.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, fn in calls.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def measure(num_classes: int, args: argparse.Namespace) -> list[dict]:
@@ -91,7 +68,7 @@ def measure(num_classes: int, args: argparse.Namespace) -> list[dict]:
     with torch.no_grad():
         exact = head.topk(z, args.k)[1]
         found = {beam: head.beam_topk(z, args.k, beam=beam)[1] for beam in args.beams}
-        times = round_robin(calls, args.repeats)
+        times = timed_rounds(calls, args.repeats)
     exact_time = float(torch.tensor(times["exact"]).median())
     rows = [row(num_classes, "exact topk", None, times["exact"], exact_time, 1.0, build, args)]
     for beam in args.beams:
@@ -146,12 +123,7 @@ def row(
 
 
 def plot(rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (time_ax, recall_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (time_ax, recall_ax) = pyplot().subplots(1, 2, figsize=(11, 4))
     labels = sorted({(r["method"], r["beam"]) for r in rows}, key=lambda m: m[1] or 0)
     for color, label in enumerate(labels):
         picked = [r for r in rows if (r["method"], r["beam"]) == label]
@@ -169,26 +141,23 @@ def plot(rows: list[dict]) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS_DIR / "cane_beam.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, RESULTS_DIR / "cane_beam.png", dpi=110)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = make_parser(__doc__, full=True)
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e5, 1e6])
     parser.add_argument("--beams", type=int, nargs="+", default=[10, 20, 50, 100])
     parser.add_argument("--queries", type=int, default=1024)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--branching", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    load_before = load_average()
-    rows = [r for size in args.sizes for r in measure(int(size), args)]
+    set_threads(args.threads)
+    with measured_load() as load:
+        rows = [r for size in args.sizes for r in measure(int(size), args)]
     notes = f"""
 Clustered random table: N / 100 centres from N(0, I), each class a centre plus N(0, 0.25 I)
 noise, D = {DIM}; {args.queries} queries, each a random centre plus N(0, I) noise.
@@ -200,7 +169,7 @@ random points per centroid), built once
 {args.repeats} rounds after a warm-up round, {torch.get_num_threads()} thread(s). `recall_at_10`:
 the fraction of the exact top-10 the beam returns. `speedup`: exact median / beam median.
 
-Load average (1, 5, 15 min) before: {load_before}; after: {load_average()} (2 cores shared with
+Load average (1, 5, 15 min) before: {load.start}; after: {load.end} (2 cores shared with
 other jobs).
 
 Run: `python -m benchmarks.cane --threads {args.threads} --repeats {args.repeats}`.

@@ -23,22 +23,17 @@ import math
 import time
 from dataclasses import dataclass
 
-import matplotlib
+import torch
+from torch import Tensor, nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-
-from benchmarks.common import RESULTS_DIR, write_results  # noqa: E402
-from benchmarks.tapas_synthetic import smooth  # noqa: E402
-from lightning_sampled.heads import (  # noqa: E402
+from benchmarks import common
+from lightning_sampled.heads import (
     CaneHead,
     FullSoftmaxHead,
     OutputHead,
     SampledSoftmaxHead,
 )
-from lightning_sampled.samplers import UniformSampler  # noqa: E402
+from lightning_sampled.samplers import UniformSampler
 
 NUM_CLASSES, CENTROID_DIM, NOISE_DIM, GEN_HIDDEN, DIM = 10_000, 10, 10, 50, 25
 C, HIDDEN, BATCH, NUM_TEST, BRANCHING = 3.0, 50, 32, 10_000, 10
@@ -248,7 +243,7 @@ def result_row(run: Run, out: dict, data: dict[str, Tensor], args: argparse.Name
 
 def plot(results: dict[Run, dict], path: str, refresh_every: int) -> None:
     """The CANE paper's Figure 2 (test precision@1 against steps) and the training coverage."""
-    fig, (ax_p1, ax_cov) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax_p1, ax_cov) = common.pyplot().subplots(1, 2, figsize=(12, 4.5))
     for run, out in results.items():
         steps, p1 = zip(*out["curve"], strict=True)
         style = "-" if run.method == "cane" else "--"
@@ -256,7 +251,9 @@ def plot(results: dict[Run, dict], path: str, refresh_every: int) -> None:
         if run.method == "cane":
             window = max(1, refresh_every // 5)
             ax_cov.plot(
-                range(1, len(out["coverage"]) + 1), smooth(out["coverage"], window), label=run.name
+                range(1, len(out["coverage"]) + 1),
+                common.smooth(out["coverage"], window),
+                label=run.name,
             )
     ax_p1.set_xlabel(f"training step (batch {BATCH})")
     ax_p1.set_ylabel("test precision@1 (exact top-1)")
@@ -269,26 +266,23 @@ def plot(results: dict[Run, dict], path: str, refresh_every: int) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("TAPAS Sec. 5.1.2 synthetic task (V=10,000, d=25, 50-unit hidden layer)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = common.make_parser(__doc__, full=True)
     parser.add_argument("--steps", type=int, default=20_000, help="training steps per run")
     parser.add_argument("--train-size", type=int, default=1_000_000)
     parser.add_argument("--eval-every", type=int, default=1000)
     parser.add_argument("--refresh-every", type=int, default=500)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    common.add_threads_argument(parser)
     parser.add_argument("--quick", action="store_true", help="300 steps per run, *_quick files")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.eval_every, args.refresh_every = 300, 100, 100
-    torch.set_num_threads(args.threads)
+    common.set_threads(args.threads)
     name = "cane_synthetic_quick" if args.quick else "cane_synthetic"
 
     started = time.perf_counter()
@@ -328,11 +322,11 @@ coverage, moving average).
 Reproduce: `nice -n 5 .venv/bin/python -m benchmarks.cane_synthetic{flags}`
 (this run: {(time.perf_counter() - started) / 60:.1f} min wall time in all).
 """
-    write_results(
+    common.write_results(
         name, rows, title="CANE on the TAPAS 5.1.2 synthetic task: test precision@1", notes=notes
     )
-    plot(results, str(RESULTS_DIR / f"{name}.png"), args.refresh_every)
-    print(f"wrote {RESULTS_DIR / name}.{{csv,md,png}}", flush=True)
+    plot(results, str(common.RESULTS_DIR / f"{name}.png"), args.refresh_every)
+    print(f"wrote {common.RESULTS_DIR / name}.{{csv,md,png}}", flush=True)
 
 
 if __name__ == "__main__":

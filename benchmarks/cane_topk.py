@@ -54,15 +54,14 @@ import faiss
 import torch
 from torch import Tensor, nn
 
-from benchmarks.cane import clustered_table, log, recall, round_robin
-from benchmarks.common import load_average, write_results
+from benchmarks import common
+from benchmarks._shapes import DIM, clustered_table, recall
 from lightning_sampled.heads import CaneHead, SampledSoftmaxHead
 from lightning_sampled.heads.cane import descendant_means
 from lightning_sampled.index import ClassTree, beam_search, fit_node_vectors, whole_level_start
 from lightning_sampled.index.kmeans import faiss_threads
 from lightning_sampled.samplers import UniformSampler
 
-DIM = 64
 K = 10
 SASREC_CLASSES, SASREC_POSITIONS = 3707, 128 * 108
 
@@ -125,7 +124,7 @@ def _with(target: object, name: str, value: int, index: faiss.Index | None = Non
 
 def planted(num_classes: int, args: argparse.Namespace) -> tuple[Tensor, Tensor, Tensor]:
     """``(table [N, D], queries [T, D], fit queries [T, D])``:
-    :func:`benchmarks.cane.clustered_table` and two independent sets of queries, each a random
+    :func:`benchmarks._shapes.clustered_table` and two independent sets of queries, each a random
     centre plus ``N(0, I)``: the measured ones, and those the fitted search is fitted to."""
     generator = torch.Generator().manual_seed(args.seed)
     table, centres = clustered_table(num_classes, generator)
@@ -170,14 +169,14 @@ def compare_topk(
         lambda: ClassTree.from_vectors(table, 10, seed=args.seed, num_clusters=clusters)
     )
     means = descendant_means(tree, table, torch.ones(num_classes))
-    log(f"N={num_classes:.0e}: tree of {clusters} flat clusters in {tree_build:.1f} s")
+    common.log(f"N={num_classes:.0e}: tree of {clusters} flat clusters in {tree_build:.1f} s")
     nodes, node_builds = {"means": means}, {"means": tree_build}
     if "fitted" in args.searches:
         if fit_z is None:
             raise ValueError("the fitted search needs fit_z, queries to fit its node vectors to")
         nodes["fitted"], fit_s = timed_build(lambda: fit_node_vectors(tree, table, fit_z, means))
         node_builds["fitted"] = tree_build + fit_s
-        log(f"  node vectors fitted to {fit_z.shape[0]} other queries in {fit_s:.1f} s")
+        common.log(f"  node vectors fitted to {fit_z.shape[0]} other queries in {fit_s:.1f} s")
     calls: dict[str, Callable[[Tensor], Tensor]] = {"exact": lambda q: exact_topk(table, q)}
     start_levels, beam_builds = {"exact": ""}, {}
     for beam, search in itertools.product(args.beams, args.searches):
@@ -194,7 +193,9 @@ def compare_topk(
         calls |= faiss_calls
         exact = calls["exact"](z)
         found = {name: call(z) for name, call in calls.items()}
-        times = round_robin({name: (lambda c=c: c(z)) for name, c in calls.items()}, args.repeats)
+        times = common.timed_rounds(
+            {name: (lambda c=c: c(z)) for name, c in calls.items()}, args.repeats
+        )
     exact_s = statistics.median(times["exact"])
     rows = []
     for name in calls:
@@ -220,7 +221,9 @@ def compare_topk(
                 "start_level": start_levels.get(name, ""),
             }
         )
-        log(f"  {name}: recall {rows[-1]['recall_at_10']:.3f}, {rows[-1]['queries_per_s']:.0f} q/s")
+        common.log(
+            f"  {name}: recall {rows[-1]['recall_at_10']:.3f}, {rows[-1]['queries_per_s']:.0f} q/s"
+        )
     return rows
 
 
@@ -240,7 +243,7 @@ def step_rows(args: argparse.Namespace) -> list[dict]:
         ),
     }  # fmt: skip
     steps = {name: (lambda h=head: h(z, target).backward()) for name, head in heads.items()}
-    times = round_robin(steps, args.repeats)
+    times = common.timed_rounds(steps, args.repeats)
     uniform = statistics.median(times["uniform (100 negatives)"])
     return [
         {
@@ -310,7 +313,7 @@ def _met(ok: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.make_parser(__doc__)
     parser.add_argument("--sizes", type=float, nargs="*", default=[1e5, 1e6])
     parser.add_argument("--beams", type=int, nargs="+", default=[10, 20, 50])
     add_searches_argument(parser)
@@ -321,17 +324,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=1024)
     parser.add_argument("--step-positions", type=int, default=SASREC_POSITIONS)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    common.add_threads_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="cane_topk", help="file stem, or an absolute path")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    load_before = load_average()
-    # the step first, in a fresh process: after the top-k tables (GBs at 1e6) its 354 MB
-    # gather a step page-faults more, and the ratio to uniform's drifted up by 0.1
-    steps = step_rows(args)
-    rows = [r for size in args.sizes for r in topk_rows(int(size), args)] + steps
-    load_after = load_average()
+    common.set_threads(args.threads)
+    with common.measured_load() as load:
+        # the step first, in a fresh process: after the top-k tables (GBs at 1e6) its 354 MB
+        # gather a step page-faults more, and the ratio to uniform's drifted up by 0.1
+        steps = step_rows(args)
+        rows = [r for size in args.sizes for r in topk_rows(int(size), args)] + steps
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["python -m benchmarks.cane_topk", *given])
     notes = "\n".join(
@@ -342,13 +344,13 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"Command: `{command.strip()}`; seed {args.seed}; {args.threads} thread(s); "
             f"{args.queries} queries; medians of {args.repeats} round-robin rounds.",
-            f"Load average (`/proc/loadavg`, 1 / 5 / 15 min) before: {load_before}; after: "
-            f"{load_after} (2 cores shared with other jobs).",
+            f"Load average (`/proc/loadavg`, 1 / 5 / 15 min) before: {load.start}; after: "
+            f"{load.end} (2 cores shared with other jobs).",
             "",
-            __doc__.split("\n\n", 1)[1].split("Run:")[0].strip(),
+            common.doc_section(__doc__, "Run:"),
         ]
     )
-    path = write_results(
+    path = common.write_results(
         args.name,
         rows,
         title="CANE beam top-k beside faiss, and CANE's training step (issue 35)",
@@ -366,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
             "step_vs_uniform",
         ],
     )
-    log(f"wrote {path}")
+    common.log(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -69,9 +69,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from benchmarks.cane import log
+from benchmarks import common
 from benchmarks.cane_topk import add_searches_argument, compare_topk, flat_clusters
-from benchmarks.common import load_average, write_results
 
 TABLES = ("gcide", "ml1m")
 CONFIGS = {
@@ -114,12 +113,12 @@ def train(table: str, args: argparse.Namespace) -> tuple[Path, str]:
     from recipes.cli import main as recipe_main
 
     given = train_args(table, args)
-    log(f"training {table}: python -m recipes {' '.join(given)}")
+    common.log(f"training {table}: python -m recipes {' '.join(given)}")
     started = time.perf_counter()
     cli = recipe_main(args=given)
     seconds = time.perf_counter() - started
     path = Path(cli.trainer.checkpoint_callback.best_model_path)
-    log(f"trained {table} in {seconds:.0f} s ({cli.trainer.global_step} steps): {path}")
+    common.log(f"trained {table} in {seconds:.0f} s ({cli.trainer.global_step} steps): {path}")
     return path, (
         f"trained here in {seconds:.0f} s, {cli.trainer.global_step} steps: "
         f"`python -m recipes {' '.join(given)}`"
@@ -164,7 +163,7 @@ def trained_table(
         keep = torch.ones(weight.shape[0], dtype=torch.bool)
         keep[head.padding_idx] = False
         weight = weight[keep]
-    log(
+    common.log(
         f"{table}: table {tuple(weight.shape)}, {pick.numel()} of {every.shape[0]} queries "
         f"measured, {fit.numel()} others to fit"
     )
@@ -244,7 +243,7 @@ def other_jobs() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.make_parser(__doc__)
     parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES))
     parser.add_argument("--gcide-checkpoint", type=Path, default=None)
     parser.add_argument("--ml1m-checkpoint", type=Path, default=None)
@@ -265,29 +264,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-clusters", type=int, default=None, help="cap on C = N / 100")
     parser.add_argument("--queries", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    common.add_threads_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="cane_topk_trained", help="file stem, or a path")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    load_before, jobs_before = load_average(), other_jobs()
+    common.set_threads(args.threads)
     notes = dict(args.note)
     rows, provenance = [], []
-    for name in args.tables:
-        checkpoint = getattr(args, f"{name}_checkpoint")
-        if checkpoint is None:
-            checkpoint, how = train(name, args)
-        else:
-            how = f"loaded `{checkpoint}`" + (f" ({notes[name]})" if name in notes else "")
-        table, z, fit_z = trained_table(name, checkpoint, args)
-        score = checkpoint_score(checkpoint)
-        provenance.append(
-            f"- {name}: {LABELS[name]}, N = {table.shape[0]:,}, D = {table.shape[1]}, "
-            f"{flat_clusters(table.shape[0], args.max_clusters)} flat clusters; {how}; "
-            f"checkpoint's {score}."
-        )
-        rows += table_rows(name, table, z, args, fit_z)
-    load_after, jobs_after = load_average(), other_jobs()
+    with common.measured_load() as load:
+        jobs_before = other_jobs()
+        for name in args.tables:
+            checkpoint = getattr(args, f"{name}_checkpoint")
+            if checkpoint is None:
+                checkpoint, how = train(name, args)
+            else:
+                how = f"loaded `{checkpoint}`" + (f" ({notes[name]})" if name in notes else "")
+            table, z, fit_z = trained_table(name, checkpoint, args)
+            score = checkpoint_score(checkpoint)
+            provenance.append(
+                f"- {name}: {LABELS[name]}, N = {table.shape[0]:,}, D = {table.shape[1]}, "
+                f"{flat_clusters(table.shape[0], args.max_clusters)} flat clusters; {how}; "
+                f"checkpoint's {score}."
+            )
+            rows += table_rows(name, table, z, args, fit_z)
+    jobs_after = other_jobs()
     given = sys.argv[1:] if argv is None else list(argv)
     if "--note" in given:  # quoted in full under the tables; keep the command readable
         kept, skip = [], 0
@@ -322,17 +322,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"Command: `nice -n 10 .venv/bin/python -m {command}`; seed "
             f"{args.seed} (training, query draw, tree and faiss); {args.threads} thread(s); "
             f"{args.queries} queries per table; medians of {args.repeats} round-robin rounds.",
-            f"Load average (`/proc/loadavg`, 1 / 5 / 15 min) before: {load_before}; after: "
-            f"{load_after} (2 cores shared with other jobs).",
+            f"Load average (`/proc/loadavg`, 1 / 5 / 15 min) before: {load.start}; after: "
+            f"{load.end} (2 cores shared with other jobs).",
             "Other jobs before:",
             *[f"- {job}" for job in jobs_before],
             "Other jobs after:",
             *[f"- {job}" for job in jobs_after],
             "",
-            __doc__.split("\n\n", 1)[1].split("Run from")[0].strip(),
+            common.doc_section(__doc__, "Run from"),
         ]
     )
-    path = write_results(
+    path = common.write_results(
         args.name,
         rows,
         title="CANE beam top-k beside faiss on trained tables (issue 35)",
@@ -349,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "median_s",
         ],
     )
-    log(f"wrote {path}")
+    common.log(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -51,19 +51,15 @@ from torch import nn
 
 from benchmarks.common import (
     add_background_argument,
-    load_average,
-    load_header,
+    add_threads_argument,
+    make_parser,
+    measured_load,
     peak_extra_bytes,
+    set_threads,
+    timed_rounds,
     write_results,
 )
-from benchmarks.head_step import (
-    SPARSE_CAPABLE_HEADS,
-    Problem,
-    full_head,
-    make_problem,
-    set_threads,
-    timed,
-)
+from benchmarks.head_step import SPARSE_CAPABLE_HEADS, Problem, full_head, make_problem
 from lightning_sampled.heads import SampledSoftmaxHead
 
 EAGER_ONLY = "compiled not run (--eager-only)"
@@ -138,12 +134,7 @@ def measure(args: argparse.Namespace, num_classes: int) -> list[dict]:
         steps[name, "compiled"] = compiled
         print(f"  N = {num_classes:,}, {name}: {info[name]}", flush=True)
     peaks = {key: peak_extra_bytes(step, args.device) for key, step in steps.items()}
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in steps}
-    for r in range(args.repeats):
-        for key, step in steps.items():
-            times[key].append(timed(step, args.device))
-        shown = ", ".join(f"{n}/{m} {t[-1]:.3f}s" for (n, m), t in times.items())
-        print(f"  round {r + 1}/{args.repeats}: {shown}", flush=True)
+    times = timed_rounds(steps, args.repeats, args.device, warmup=0, progress="/".join)
     rows = []
     for name in args.heads:
         eager = statistics.median(times[name, "eager"])
@@ -192,7 +183,7 @@ Reproduce: `MALLOC_MMAP_THRESHOLD_=131072 python -m benchmarks.compile_step --th
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000], help="values of N")
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--dim", type=int, default=64)
@@ -200,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--warmup", type=int, default=3, help="compiled steps before timing (the first compiles)"
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch and faiss threads")
+    add_threads_argument(parser, 1, "torch and faiss threads")
     parser.add_argument("--heads", nargs="+", choices=list(HEADS), default=list(HEADS))
     parser.add_argument(
         "--eager-only",
@@ -217,16 +208,16 @@ def main(argv: list[str] | None = None) -> None:
         help="file stem under benchmarks/results/, or an absolute path without suffix",
     )
     args = parser.parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, faiss=True)
 
-    load_start = load_average()
-    rows = [row for n in args.sizes for row in measure(args, n)]
+    with measured_load(args.background) as load:
+        rows = [row for n in args.sizes for row in measure(args, n)]
     md = write_results(
         args.name,
         rows,
         title="torch.compile: eager against compiled training steps of each head",
         notes=notes(args),
-        header=load_header(load_start, load_average(), args.background),
+        header=load.header,
         columns=[
             "num_classes",
             "head",

@@ -12,7 +12,7 @@ start from the same table and take the row-sparse gradient where the recipe does
 (``sparse_grad``). A step is the forward and backward of the head alone (no encoder, no optimizer):
 what the whole step of a recipe adds to this is the same for both, so the recipes' own step
 ratios are smaller (``benchmarks/results/REPORT.md``, section 11). The two heads alternate round by
-round (:func:`benchmarks.in_batch_step.timed_rounds`), so that other processes' load hits both
+round (:func:`benchmarks.common.timed_rounds`), so that other processes' load hits both
 alike, and the median of ``--repeats`` rounds is reported with the ratio default / plain.
 
 ``--limits K ...`` adds the default head with ``max_in_batch_draws=K`` (named ``default K``): the
@@ -33,14 +33,8 @@ import torch
 
 from lightning_sampled.heads import SampledSoftmaxHead
 
-from .common import load_average, load_header, write_results
-from .in_batch_step import (
-    add_timing_arguments,
-    medians_against,
-    step_fn,
-    timed_rounds,
-    zipf_batch,
-)
+from ._shapes import head_step, zipf_batch
+from .common import add_timing_arguments, make_parser, medians_against, run_and_write, timed_rounds
 
 
 class Shape(NamedTuple):
@@ -102,7 +96,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             shape.positions, shape.classes, shape.dim, generator, device
         )
         fns = {
-            name: step_fn(head.to(device), z, target)
+            name: head_step(head.to(device), z, target)
             for name, head in heads_of(shape, args.limits).items()
         }
         medians = medians_against(timed_rounds(fns, args.repeats, device), "plain")
@@ -123,7 +117,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument(
         "--limits", nargs="*", type=int, default=[256, 1024], help="max_in_batch_draws to time"
@@ -137,9 +131,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    load_start = load_average()
-    rows = measure(args)
     notes = (
         "One forward and backward of `SampledSoftmaxHead` with uniform draws, the default "
         'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
@@ -150,14 +141,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"{' '.join(args.shapes)} --limits {' '.join(map(str, args.limits))} --repeats "
         f"{args.repeats} --threads {args.threads} --device {args.device}`."
     )
-    write_results(
-        args.name,
-        rows,
+    return run_and_write(
+        args,
+        measure,
         title="The default configuration's price: in-batch negatives beside the draws",
-        header=load_header(load_start, load_average(), args.background),
         notes=notes,
     )
-    return rows
 
 
 if __name__ == "__main__":

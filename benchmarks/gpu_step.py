@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,13 +44,17 @@ import torch
 
 from benchmarks import compile_step, sampler_time, train_step
 from benchmarks.common import (
+    doc_section,
     gpu_driver,
+    log,
+    make_parser,
     median_time,
     peak_extra_bytes,
     provenance,
+    timed,
     write_results,
 )
-from benchmarks.head_step import CODEBOOK_SIZE, timed
+from benchmarks.head_step import CODEBOOK_SIZE
 from benchmarks.sampler_time import SEQ_NEGATIVES, class_table
 from lightning_sampled.samplers import MIDXSampler
 
@@ -103,10 +106,6 @@ TINY = Sizes(
     dim=16,
 )
 COMPILED_HEADS = ("midx_rq", "uniform")  # in order of interest: the budget may stop the second
-
-
-def log(message: str) -> None:
-    print(f"[gpu_step {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -377,7 +376,7 @@ def write(run: Run) -> Path:
             + (" Toy sizes (--tiny): the targets' numbers mean nothing." if args.tiny else ""),
             *[f"- {note}" for note in run.notes],
             "",
-            (__doc__ or "").split("\n\n", 1)[1].split("\n\nResults", 1)[0],
+            doc_section(__doc__, "\n\nResults"),
         ]
     )
     return write_results(
@@ -391,7 +390,7 @@ def write(run: Run) -> Path:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--out", required=True, help="folder of gpu_step.csv and gpu_step.md")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))

@@ -60,18 +60,15 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import multiprocessing
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -79,9 +76,15 @@ from torch import Tensor, nn
 from benchmarks.common import (
     RESULTS_DIR,
     add_background_argument,
-    load_average,
-    load_header,
+    add_threads_argument,
+    in_fresh_process,
+    make_parser,
+    measured_load,
     peak_extra_bytes,
+    pyplot,
+    save_figure,
+    set_threads,
+    timed_rounds,
     write_results,
 )
 from lightning_sampled.callbacks.index_refresh import trained_samplers
@@ -500,20 +503,6 @@ def warm_up(
     make_step(method, make_problem(WARMUP_CLASSES, batch, dim, device, dtype=dtype))()
 
 
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(step: Callable[[], None], device: str) -> float:
-    """Wall-clock seconds of one ``step()``."""
-    synchronize(device)
-    start = time.perf_counter()
-    step()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
 def time_methods(
     methods: Sequence[Method],
     problem: Problem,
@@ -530,12 +519,7 @@ def time_methods(
         steps[m.name] = make_step(m, problem)
         build_s[m.name] = time.perf_counter() - start
     print("  built: " + ", ".join(f"{n} {t:.1f}s" for n, t in build_s.items() if t >= 0.1))
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(repeats):
-        for name, step in steps.items():
-            times[name].append(timed(step, device))
-        shown = ", ".join(f"{name} {t[-1]:.3f}s" for name, t in times.items())
-        print(f"  round {r + 1}/{repeats}: {shown}", flush=True)
+    times = timed_rounds(steps, repeats, device, warmup=0, progress=str)
     if peaks is not None:
         for name, step in steps.items():
             gc.collect()
@@ -554,7 +538,7 @@ def measure_memory(
 ) -> list[float | str]:
     """Peak extra bytes of one step of method ``name`` at each size, in this (fresh) process;
     a size the method is not run at gives the reason instead."""
-    set_threads(threads)
+    set_threads(threads, faiss=True)
     method = METHODS[name]
     warm_up(method, batch, dim, device, dtype)
     peaks: list[float | str] = []
@@ -582,22 +566,11 @@ def memory_in_subprocess(
 ) -> list[float | str]:
     """:func:`measure_memory` in a fresh process, forked from a server that has only imported
     this module (so that each method pays no import time); a crash becomes the reason."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["benchmarks.head_step"])
-    module = importlib.import_module("benchmarks.head_step")
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        future = pool.submit(module.measure_memory, name, sizes, batch, dim, device, threads, dtype)
-        try:
-            return future.result()
-        except BrokenProcessPool as error:
-            return [f"failed: the measuring process died ({error})"] * len(sizes)
-
-
-def set_threads(threads: int | None) -> None:
-    """torch's and faiss' thread counts (``None``: leave them)."""
-    if threads:
-        torch.set_num_threads(threads)
-        faiss.omp_set_num_threads(threads)
+    measured = (name, sizes, batch, dim, device, threads, dtype)
+    try:
+        return in_fresh_process("benchmarks.head_step", "measure_memory", *measured)
+    except BrokenProcessPool as error:
+        return [f"failed: the measuring process died ({error})"] * len(sizes)
 
 
 def slow_step_reason(previous: tuple[int, list[float]] | None, n: int, limit: float) -> str | None:
@@ -734,10 +707,7 @@ def result_rows(
 def plot(rows: list[dict], path: Path) -> None:
     """Time per step (left) and peak memory (right) against N, log-log, one line per method:
     dense gradient solid, sparse dashed, peers dotted."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(15, 7))
     cmap = plt.get_cmap("tab20")
@@ -769,8 +739,7 @@ def plot(rows: list[dict], path: Path) -> None:
         f"(solid: our heads, dense gradient; dashed: sparse_grad; dotted: peers)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def device_name(device: str) -> str:
@@ -814,15 +783,13 @@ Reproduce: `make bench` (or `python -m benchmarks.head_step --threads 1`).
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch and faiss threads (default: torch's)"
-    )
+    add_threads_argument(parser, None, "torch and faiss threads (default: torch's)")
     parser.add_argument(
         "--max-step-seconds",
         type=float,
@@ -853,19 +820,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.dtype = DTYPES[args.dtype]
     args.sizes = sorted(set(args.sizes))
-    set_threads(args.threads)
+    set_threads(args.threads, faiss=True)
 
-    load_start = load_average()
-    cuda_peaks: dict[tuple[str, int], float] = {}
-    times = time_all_sizes(args, cuda_peaks)
-    peaks = measure_all_memory(args, times, cuda_peaks)
+    with measured_load(args.background) as load:
+        cuda_peaks: dict[tuple[str, int], float] = {}
+        times = time_all_sizes(args, cuda_peaks)
+        peaks = measure_all_memory(args, times, cuda_peaks)
     rows = result_rows(args, times, peaks)
     md = write_results(
         args.name,
         rows,
         title="Head training step: time and peak memory of every head and of the peers",
         notes=notes(args),
-        header=load_header(load_start, load_average(), args.background),
+        header=load.header,
         commit=args.commit,
         columns=[
             "num_classes",

@@ -26,25 +26,22 @@ sampled_shared] [--threads 1] [--repeats 3] [--background TEXT]``; results in
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
 
 from .common import (
     add_background_argument,
-    load_average,
-    load_header,
+    add_threads_argument,
+    in_fresh_process,
+    make_parser,
+    measured_load,
     median_time,
     peak_extra_bytes,
+    set_threads,
     write_results,
 )
 
 METHODS = ("hf", "exact", "sampled", "sampled_shared")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def step_fn(method: str, vocab: int, args: argparse.Namespace):
@@ -84,7 +81,7 @@ def step_fn(method: str, vocab: int, args: argparse.Namespace):
 
 def measure_one(method: str, vocab: int, args: argparse.Namespace) -> dict[str, float]:
     """This process' measurement of one (method, vocabulary)."""
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     step = step_fn(method, vocab, args)
     step()  # warm-up: allocator pools, lazy module state
     peak = peak_extra_bytes(step, "cpu")
@@ -93,40 +90,31 @@ def measure_one(method: str, vocab: int, args: argparse.Namespace) -> dict[str, 
 
 
 def run_in_fresh_process(method: str, vocab: int, args: argparse.Namespace) -> dict[str, float]:
-    """:func:`measure_one` in a new interpreter (its own peak resident set)."""
-    argv = [sys.executable, "-m", "benchmarks.hf_causal_lm", "--one", method, str(vocab)]
-    argv += ["--threads", str(args.threads), "--repeats", str(args.repeats)]
-    argv += ["--batch", str(args.batch), "--length", str(args.length)]
-    argv += ["--dim", str(args.dim), "--layers", str(args.layers)]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{method} at V = {vocab} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """:func:`measure_one` in a new interpreter (:func:`benchmarks.common.in_fresh_process`: its
+    own peak resident set), glibc's mmap threshold lowered so that large frees go back to the
+    kernel, and the Hugging Face hub offline."""
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072", "HF_HUB_OFFLINE": "1"}
+    return in_fresh_process("benchmarks.hf_causal_lm", "measure_one", method, vocab, args, env=env)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--vocab", type=int, nargs="+", default=[50_257, 256_000])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_argument(parser)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default="hf_causal_lm")
-    parser.add_argument("--one", nargs=2, metavar=("METHOD", "VOCAB"), help=argparse.SUPPRESS)
     add_background_argument(parser)
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    args = parse_args(argv)
-    if args.one:
-        print(json.dumps(measure_one(args.one[0], int(args.one[1]), args)))
-        return []
-    load_start = load_average()
+def measure(args: argparse.Namespace) -> list[dict]:
+    """One row per (vocabulary, method): peak memory and step time, each measured in a fresh
+    process, and their ratios to Hugging Face's own loss."""
     rows = []
     for vocab in args.vocab:
         measured = {m: run_in_fresh_process(m, vocab, args) for m in args.methods}
@@ -143,6 +131,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 }
             )
             print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    with measured_load(args.background) as load:
+        rows = measure(args)
     shape = (
         f"GPT-2 from a config, {args.layers} layers, D = {args.dim}, {args.batch} x {args.length} "
         f"tokens, {args.threads} thread(s), median of {args.repeats} steps"
@@ -151,7 +146,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         args.name,
         rows,
         title="Hugging Face causal LM: its own loss against our heads on its hidden states",
-        header=f"{shape}.\n\n{load_header(load_start, load_average(), args.background)}",
+        header=f"{shape}.\n\n{load.header}",
         notes=(
             "peak_mb: peak resident-set growth of one training step (forward and backward of the "
             "whole model and the loss) over what the process held before it, each (vocab, "

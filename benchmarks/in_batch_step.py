@@ -29,56 +29,18 @@ Run: ``python -m benchmarks.in_batch_step [--positions 256 1120 4096] [--classes
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
 from lightning_sampled.heads import SampledSoftmaxHead
 from lightning_sampled.heads.in_batch import FIXED_SHAPE_POSITIONS
 
-from .common import add_background_argument, load_average, load_header, write_results
+from ._shapes import head_step, zipf_batch
+from .common import add_timing_arguments, make_parser, medians_against, run_and_write, timed_rounds
 
 BUILDERS = ("sorted", "distinct")
 #: head name -> drawn negatives per query beside the batch's targets
 HEADS = {"in_batch": 0, "mixed": 100}
-
-
-def zipf_targets(num: int, num_classes: int, generator: torch.Generator) -> torch.Tensor:
-    """``num`` class ids (long) from ``p(i) ∝ 1 / (i + 1)`` over ``num_classes`` classes."""
-    weights = 1.0 / torch.arange(1, num_classes + 1, dtype=torch.float64)
-    return torch.multinomial(weights, num, replacement=True, generator=generator)
-
-
-def zipf_batch(
-    positions: int, num_classes: int, dim: int, generator: torch.Generator, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A batch on ``device``: ``positions`` targets of :func:`zipf_targets`, Gaussian queries
-    ``[T, D]`` that require grad, and the number of distinct targets."""
-    target = zipf_targets(positions, num_classes, generator)
-    distinct = int(target.unique().numel())
-    z = torch.randn(positions, dim, generator=generator)
-    return target.to(device), z.to(device).requires_grad_(), distinct
-
-
-def medians_against(
-    times: dict[str, list[float]], reference: str
-) -> dict[str, tuple[float, float]]:
-    """Each entry's median seconds of :func:`timed_rounds` and its ratio to the median of
-    ``reference``'s."""
-    medians = {name: statistics.median(seconds) for name, seconds in times.items()}
-    return {name: (median, median / medians[reference]) for name, median in medians.items()}
-
-
-def add_timing_arguments(parser: argparse.ArgumentParser, *, repeats: int, name: str) -> None:
-    """``--repeats`` (rounds of :func:`timed_rounds`), ``--threads``, ``--device``, ``--name``
-    (the results' file stem) and ``--background``."""
-    parser.add_argument("--repeats", type=int, default=repeats)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--name", default=name, help="results file stem")
-    add_background_argument(parser)
 
 
 def make_head(num_classes: int, dim: int, negatives: int, builder: str) -> SampledSoftmaxHead:
@@ -94,45 +56,12 @@ def make_head(num_classes: int, dim: int, negatives: int, builder: str) -> Sampl
     )
 
 
-def step_fn(head: SampledSoftmaxHead, z: torch.Tensor, target: torch.Tensor) -> Callable[[], None]:
-    """One forward and backward of ``head`` on ``z`` ``[T, D]`` and ``target`` ``[T]``."""
-
-    def run() -> None:
-        head.zero_grad(set_to_none=True)
-        head(z, target).backward()
-
-    return run
-
-
 def check_same_loss(heads: dict[str, SampledSoftmaxHead], z: torch.Tensor, target: torch.Tensor):
     """Raises ``RuntimeError`` unless the builders' heads (without draws) give one loss."""
     with torch.no_grad():
         losses = [head(z, target) for head in heads.values()]
     if not torch.allclose(*losses, rtol=1e-5, atol=1e-6):
         raise RuntimeError(f"the builders disagree: losses {[float(x) for x in losses]}")
-
-
-def timed_rounds(
-    fns: dict[str, Callable[[], None]], repeats: int, device: torch.device
-) -> dict[str, list[float]]:
-    """Seconds of each of ``fns`` over ``repeats`` rounds, one call of each per round, after
-    one warm-up call each; CUDA is synchronised around every call."""
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
@@ -149,7 +78,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             }
             if negatives == 0:  # no draws: the two builders give one loss
                 check_same_loss(heads, z, target)
-            fns = {name: step_fn(head, z, target) for name, head in heads.items()}
+            fns = {name: head_step(head, z, target) for name, head in heads.items()}
             medians = medians_against(timed_rounds(fns, args.repeats, device), "distinct")
             for name, (median, ratio) in medians.items():
                 rows.append(
@@ -174,7 +103,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--positions", type=int, nargs="+", default=[256, 1120, 4096])
     parser.add_argument("--classes", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=128)
@@ -187,10 +116,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    load_start = load_average()
-    rows = measure(args)
-    header = load_header(load_start, load_average(), args.background)
     notes = (
         f"One forward and backward of `SampledSoftmaxHead(in_batch_negatives=True)` ("
         f"`num_negatives` 0 or 100 uniform), N = {args.classes:,} classes, D = {args.dim}, "
@@ -201,14 +126,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"{args.classes} --dim {args.dim} --repeats {args.repeats} --threads {args.threads} "
         f"--device {args.device}`."
     )
-    write_results(
-        args.name,
-        rows,
+    return run_and_write(
+        args,
+        measure,
         title="In-batch candidates: sorted in fixed shapes against torch.unique",
-        header=header,
         notes=notes,
     )
-    return rows
 
 
 if __name__ == "__main__":

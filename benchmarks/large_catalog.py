@@ -66,7 +66,6 @@ import csv
 import inspect
 import math
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +85,16 @@ from lightning_sampled.samplers import (
     UnigramSampler,
 )
 
-from .common import load_average, load_header, provenance
+from .common import (
+    Load,
+    add_background_argument,
+    add_threads_argument,
+    log,
+    make_parser,
+    measured_load,
+    provenance,
+    set_threads,
+)
 
 METHODS = ("full", "uniform", "midx_rq", "mixed", "frequency", "in_batch", "mixed_midx")
 #: the methods whose head also takes the batch's other targets as negatives
@@ -441,7 +449,7 @@ def cell(value: Any) -> str:
 
 
 def markdown(
-    rows: list[dict[str, Any]], args: argparse.Namespace, problem: Problem, loads: tuple[str, str]
+    rows: list[dict[str, Any]], args: argparse.Namespace, problem: Problem, load: Load
 ) -> str:
     """``large_catalog.md``: setup, provenance, the table of ratios to the full softmax and the
     targets."""
@@ -456,7 +464,7 @@ def markdown(
         "# Large catalog at equal steps (issue 31, item 4)",
         "",
         f"- machine: {prov['machine']}; torch {prov['torch']}; commit {prov['commit']}",
-        f"- {load_header(*loads, args.background)}",
+        f"- {load.header}",
         f"- catalog: N = {problem.num_classes:,} classes, D = {problem.dim}, "
         f"{problem.num_clusters} Gaussian clusters (class = centre + {problem.cluster_noise} "
         f"N(0, I)), Zipf({problem.zipf_exponent}) targets over a random permutation, inputs "
@@ -490,7 +498,7 @@ def write_outputs(
     rows: list[dict[str, Any]],
     args: argparse.Namespace,
     problem: Problem,
-    loads: tuple[str, str],
+    load: Load,
 ) -> None:
     """Writes ``large_catalog.csv`` (provenance on every row) and ``large_catalog.md``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -499,12 +507,12 @@ def write_outputs(
         writer = csv.DictWriter(f, fieldnames=list(stamped[0]))
         writer.writeheader()
         writer.writerows(stamped)
-    (out / "large_catalog.md").write_text(markdown(rows, args, problem, loads))
+    (out / "large_catalog.md").write_text(markdown(rows, args, problem, load))
 
 
 # ------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--out", type=Path, required=True, help="folder of the two result files")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -525,8 +533,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--eval", type=int, default=5000, help="held-out examples")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    parser.add_argument("--background", default="", help="what else ran on the machine")
+    add_threads_argument(parser)
+    add_background_argument(parser)
     args = parser.parse_args(argv)
     if min(args.negatives, args.steps, args.batch, args.eval, args.threads) < 1:
         parser.error("--negatives, --steps, --batch, --eval and --threads must be >= 1")
@@ -535,44 +543,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def log(text: str) -> None:
-    """A progress line on stderr."""
-    print(text, file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Runs every method and convention on every seed; returns the CSV's rows (without
     provenance)."""
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     problem = Problem(
         num_classes=args.classes, num_clusters=args.clusters, input_noise=args.input_noise
     )
-    load_start = load_average()
     begin = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    for seed in args.seeds:
-        data = make_data(problem, seed, args.steps, args.batch, args.eval)
-        for run in runs_of(args):
-            result = train(run, data, seed, args.lr)
-            midx = run.method in MIDX_METHODS
-            rows.append(
-                {
-                    "method": run.method,
-                    "convention": run.convention,
-                    "seed": seed,
-                    "negatives": negatives_of(run) if run.convention else "",
-                    "codebook_size": run.codebook_size if run.method in MIDX_METHODS else "",
-                    "refresh_every": (run.refresh_every or "") if midx else "",
-                    **result,
-                }
-            )
-            log(
-                f"[{time.perf_counter() - begin:7.1f} s] seed {seed} {run.label}: "
-                f"NDCG@10 {result['ndcg@10']:.4f}, train {result['train_s']:.1f} s"
-            )
+    with measured_load(args.background) as load:
+        for seed in args.seeds:
+            data = make_data(problem, seed, args.steps, args.batch, args.eval)
+            for run in runs_of(args):
+                result = train(run, data, seed, args.lr)
+                midx = run.method in MIDX_METHODS
+                rows.append(
+                    {
+                        "method": run.method,
+                        "convention": run.convention,
+                        "seed": seed,
+                        "negatives": negatives_of(run) if run.convention else "",
+                        "codebook_size": run.codebook_size if run.method in MIDX_METHODS else "",
+                        "refresh_every": (run.refresh_every or "") if midx else "",
+                        **result,
+                    }
+                )
+                log(
+                    f"[{time.perf_counter() - begin:7.1f} s] seed {seed} {run.label}: "
+                    f"NDCG@10 {result['ndcg@10']:.4f}, train {result['train_s']:.1f} s"
+                )
     add_ratios(rows)
-    write_outputs(args.out, rows, args, problem, (load_start, load_average()))
+    write_outputs(args.out, rows, args, problem, load)
     log(f"large_catalog: {time.perf_counter() - begin:.0f} s in all; results in {args.out}")
     for line in targets(rows, args.seeds):
         log(line)

@@ -9,14 +9,18 @@ Run: ``python -m benchmarks.lazy_adam_update [--threads 1] [--repeats 7]``.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
 from lightning_sampled.optim import LazyAdam
 
-from .common import median_time, write_results
+from .common import (
+    add_threads_argument,
+    make_parser,
+    set_threads,
+    timed_optimizer_steps,
+    write_results,
+)
 
 NOTES = """The optimizer step alone on the same uncoalesced sparse gradient (an embedding lookup's,
 duplicates included), SparseAdam and LazyAdam alternating for {repeats} rounds; medians. Both
@@ -35,27 +39,12 @@ def sparse_grad(table: torch.nn.Parameter, rows: int, seed: int) -> torch.Tensor
     return grad
 
 
-def round_robin(
-    optimizers: dict[str, tuple[torch.nn.Parameter, torch.optim.Optimizer]],
-    grad: torch.Tensor,
-    repeats: int,
-) -> dict[str, list[float]]:
-    """Seconds of one step of each optimizer on ``grad``, alternating for ``repeats`` rounds, so
-    that both see the same machine load."""
-    times: dict[str, list[float]] = {name: [] for name in optimizers}
-    for _ in range(repeats):
-        for name, (table, optimizer) in optimizers.items():
-            table.grad = grad.clone()
-            times[name].append(median_time(optimizer.step, 1, 0)[0])
-    return times
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
+    parser = make_parser(__doc__)
+    add_threads_argument(parser)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     rows = []
     for n, d, touched in SHAPES:
         optimizers = {}
@@ -63,7 +52,8 @@ def main() -> None:
             table = torch.nn.Parameter(torch.randn(n, d))
             optimizers[name] = (table, cls([table], lr=1e-3))
         grad = sparse_grad(optimizers["LazyAdam"][0], touched, seed=0)
-        times = round_robin(optimizers, grad, args.repeats)
+        built = {name: (table, optimizer, grad) for name, (table, optimizer) in optimizers.items()}
+        times = timed_optimizer_steps(built, args.repeats)
         base = sorted(times["SparseAdam"])[len(times["SparseAdam"]) // 2]
         for name, values in times.items():
             median = sorted(values)[len(values) // 2]

@@ -31,10 +31,12 @@ from lightning_sampled.optim import LazyAdam
 
 from .common import (
     add_background_argument,
-    load_average,
-    load_header,
-    median_time,
+    add_threads_argument,
+    make_parser,
+    measured_load,
     result_path,
+    set_threads,
+    timed_optimizer_steps,
     write_results,
 )
 
@@ -173,15 +175,12 @@ def time_rows(
             table.data.normal_(generator=torch.Generator().manual_seed(1))
             grad = sparse_grad(table, random_ids(n, count, seed=2))
             built[option.name] = (table, optimizer, grad)
-        times: dict[str, list[float]] = {name: [] for name in built}
-        for _ in range(repeats + 1):  # the first round creates the state: not timed
-            for name, (table, optimizer, grad) in built.items():
-                table.grad = grad.clone()
-                times[name].append(median_time(optimizer.step, 1, 0)[0])
-        base = _median(times[BASELINE.name][1:])
+        # the warm-up round creates the state: not timed
+        times = timed_optimizer_steps(built, repeats, warmup=1)
+        base = _median(times[BASELINE.name])
         where = {"N": n, "D": d, "ids_per_step": count}
         for name, values in times.items():
-            median = _median(values[1:])
+            median = _median(values)
             rows.append({**where, "option": name, "median_ms": round(1e3 * median, 2)})
             rows[-1].update({"vs LazyAdam": round(median / base, 2), "threads": threads})
             print(rows[-1], flush=True)
@@ -275,14 +274,14 @@ def notes(args: argparse.Namespace, memory: list[dict], timing: list[dict]) -> s
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--sizes", nargs="+", default=["1e6x64", "1e6x128", "1e7x64", "1e7x128"])
     parser.add_argument("--max-gb", type=float, default=8.0, help="GiB one option may allocate")
     parser.add_argument("--touched", type=int, default=1024, help="ids of the memory step")
     parser.add_argument("--ids", type=int, nargs="*", default=[10_240, 102_400])
     parser.add_argument("--time-size", default="1e6x64", help="the table of the timed steps")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
+    add_threads_argument(parser)
     parser.add_argument("--name", default="optimizer_state", help="results file stem or path")
     add_background_argument(parser)
     args = parser.parse_args(argv)
@@ -299,15 +298,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    load_start = load_average()
-    memory = memory_rows(args.parsed_sizes, args.max_gb * GIB, args.touched)
-    timing = time_rows(*args.parsed_time_size, args.ids, args.repeats, args.threads)
+    set_threads(args.threads)
+    with measured_load(args.background) as load:
+        memory = memory_rows(args.parsed_sizes, args.max_gb * GIB, args.touched)
+        timing = time_rows(*args.parsed_time_size, args.ids, args.repeats, args.threads)
     write_results(
         args.name,
         memory,
         title="Lean optimizer state for the class table: memory per row and step time",
-        header=load_header(load_start, load_average(), args.background),
+        header=load.header,
         notes=notes(args, memory, timing),
     )
 

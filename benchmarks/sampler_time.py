@@ -44,24 +44,26 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
 from collections.abc import Callable
 
-import faiss
 import torch
 
 from benchmarks.common import (
     add_background_argument,
-    load_average,
-    load_header,
+    add_threads_argument,
+    log,
+    make_parser,
+    measured_load,
     median_time,
     peak_extra_bytes,
     peak_rss_bytes,
+    pyplot,
     result_path,
+    save_figure,
+    set_threads,
+    timed_rounds,
     write_results,
 )
-from benchmarks.head_step import timed
 from lightning_sampled.heads import OneVsEachHead, ProposalHead, SampledSoftmaxHead, TapasHead
 from lightning_sampled.samplers import (
     LogUniformSampler,
@@ -73,10 +75,6 @@ from lightning_sampled.samplers import (
 
 SAMPLERS = ("uniform", "unigram", "log_uniform", "midx_pq", "midx_rq")
 SEQ_METHODS = ("uniform", "ove_uniform", "tapas_uniform_r2", "midx_pq", "midx_rq")
-
-
-def log(message: str) -> None:
-    print(f"[sampler_time {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def make_sampler(name: str, num_classes: int, codebook_size: int) -> Sampler:
@@ -134,14 +132,11 @@ def time_draws(args: argparse.Namespace, samplers: dict, rows: list[dict]) -> No
     """Appends draw rows, timing every (sampler, N) round-robin so that load hits all alike."""
     z = torch.randn(args.batch, args.dim, generator=_generator(args, 1), device=args.device)
     generator = _generator(args, 2)
-    times: dict = {key: [] for key in samplers}
-    for round_index in range(args.repeats + 1):
-        for key, sampler in samplers.items():
-            seconds = timed(
-                lambda s=sampler: s.sample(z, args.negatives, generator=generator), args.device
-            )
-            if round_index:  # round 0 is the warm-up
-                times[key].append(seconds)
+    draws = {
+        key: (lambda s=sampler: s.sample(z, args.negatives, generator=generator))
+        for key, sampler in samplers.items()
+    }
+    times = timed_rounds(draws, args.repeats, args.device)
     for (name, num_classes), samples in times.items():
         seconds = statistics.median(samples)
         k = args.codebook_size if name.startswith("midx") else ""
@@ -173,10 +168,7 @@ def time_train_steps(args: argparse.Namespace, rows: list[dict]) -> None:
         step()  # warm-up: allocates the gradient
         steps[name] = step
         log(f"train step N={n:.0e} {name}: ready")
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.repeats):
-        for name, step in steps.items():
-            times[name].append(timed(step, args.device))
+    times = timed_rounds(steps, args.repeats, args.device, warmup=0)
     for name, samples in times.items():
         seconds = statistics.median(samples)
         rows.append(_row("train_step", name, n, seconds, args.repeats))
@@ -298,12 +290,7 @@ def _round_robin(
 ) -> None:
     """Times ``steps`` one after another per round (a warm-up round first), then measures each
     one's peak memory alone, and appends one row per step."""
-    times: dict = {key: [] for key in steps}
-    for round_index in range(args.repeats + 1):
-        for key, fn in steps.items():
-            seconds = timed(fn, args.device)
-            if round_index:
-                times[key].append(seconds)
+    times = timed_rounds(steps, args.repeats, args.device)
     for (name, k), fn in steps.items():
         seconds = statistics.median(times[name, k])
         peak = peak_extra_bytes(fn, args.device)
@@ -434,10 +421,7 @@ def _issue14_targets(rows, sizes, ms, find, verdict, seq_classes: int) -> list[s
 def plot(rows: list[dict], args: argparse.Namespace) -> None:
     """Figure 6: draw time vs number of classes per sampler, MIDX refresh time, and the head at
     the sequence shape vs codebook size."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (draw_ax, refresh_ax, seq_ax) = plt.subplots(1, 3, figsize=(15, 4))
     for measurement, ax in (("draw", draw_ax), ("refresh", refresh_ax)):
@@ -481,12 +465,11 @@ def plot(rows: list[dict], args: argparse.Namespace) -> None:
         )
         seq_ax.legend()
     fig.tight_layout()
-    fig.savefig(result_path(args.name, ".png"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, result_path(args.name, ".png"), dpi=110)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument(
         "--sizes", type=float, nargs="+", default=[1e4, 1e5, 1e6, 1e7], help="numbers of classes"
     )
@@ -501,9 +484,7 @@ def main(argv: list[str] | None = None) -> None:
         default=1e6,
         help="N of the training-step comparison (0: skip)",
     )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch and faiss threads (default: torch's)"
-    )
+    add_threads_argument(parser, None, "torch and faiss threads (default: torch's)")
     parser.add_argument(
         "--seq-codebook-sizes",
         type=int,
@@ -522,29 +503,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_background_argument(parser)
     args = parser.parse_args(argv)
-    load_start = load_average()
     args.step_classes = int(args.step_classes)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        faiss.omp_set_num_threads(args.threads)
+    set_threads(args.threads, faiss=True)
     rows: list[dict] = []
-    samplers: dict = {}
-    for size in args.sizes:
-        samplers.update(build_samplers(args, int(size), rows))
-    time_draws(args, samplers, rows)
-    del samplers
-    if args.step_classes:
-        time_train_steps(args, rows)
-    if args.seq_codebook_sizes:
-        time_sequence_heads(args, rows)
-        time_sequence_draws(args, rows)
+    with measured_load(args.background) as load:
+        samplers: dict = {}
+        for size in args.sizes:
+            samplers.update(build_samplers(args, int(size), rows))
+        time_draws(args, samplers, rows)
+        del samplers
+        if args.step_classes:
+            time_train_steps(args, rows)
+        if args.seq_codebook_sizes:
+            time_sequence_heads(args, rows)
+            time_sequence_draws(args, rows)
     notes = summary(rows, args)
     path = write_results(
         args.name,
         rows,
         title="Sampler draw, refresh and step time",
         notes=notes,
-        header=load_header(load_start, load_average(), args.background),
+        header=load.header,
     )
     plot(rows, args)
     log(f"wrote {path} and its .csv / .png\n{notes}")

@@ -20,21 +20,17 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import matplotlib
+import torch
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from benchmarks.common import RESULTS_DIR, write_results  # noqa: E402
-from lightning_sampled.heads import (  # noqa: E402
+from benchmarks import common
+from lightning_sampled.heads import (
     FullSoftmaxHead,
     OutputHead,
     SampledSoftmaxHead,
     TapasHead,
 )
-from lightning_sampled.samplers import UnigramSampler  # noqa: E402
+from lightning_sampled.samplers import UnigramSampler
 
 NUM_CLASSES, DIM, C, NUM_TRAIN, NUM_TEST, BATCH = 1000, 50, 3.0, 100_000, 10_000, 16
 TIMED_STEPS, TIMED_BLOCKS = 100, 9
@@ -161,15 +157,9 @@ def step_times(runs: list[Run], data: dict[str, Tensor], args: argparse.Namespac
     return [statistics.median(spent) / TIMED_STEPS for spent in times]
 
 
-def smooth(values: list[float], window: int) -> list[float]:
-    """Trailing moving average."""
-    return [
-        sum(values[max(0, i - window + 1) : i + 1]) / min(window, i + 1) for i in range(len(values))
-    ]
-
-
 def plot(curves: dict[Run, list[tuple[int, float]]], full_p1: float, path: str, skip: int) -> None:
     """Figure 1 of the paper: (a) n = 16, varying r; (b) n r = 128, varying (n, r)."""
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     panels = [
         ("(a) n = 16, varying r", [Run("tapas", 16, r) for r in (1, 2, 4, 8)]),
@@ -179,13 +169,13 @@ def plot(curves: dict[Run, list[tuple[int, float]]], full_p1: float, path: str, 
     for ax, (title, runs) in zip(axes, panels, strict=True):
         for color, run in zip(colors, runs, strict=False):
             steps, p1 = zip(*[(s, p) for s, p in curves[run] if s > skip], strict=True)
-            ax.plot(steps, smooth(list(p1), 5), color=color, label=run.name)
+            ax.plot(steps, common.smooth(list(p1), 5), color=color, label=run.name)
             ssm = Run("sampled", run.n * run.r)
             if ssm in curves and (title.startswith("(a)") or run.r == 8):
                 steps, p1 = zip(*[(s, p) for s, p in curves[ssm] if s > skip], strict=True)
-                ax.plot(steps, smooth(list(p1), 5), color=color, ls="--", label=ssm.name)
+                ax.plot(steps, common.smooth(list(p1), 5), color=color, ls="--", label=ssm.name)
         steps, p1 = zip(*[(s, p) for s, p in curves[Run("full")] if s > skip], strict=True)
-        ax.plot(steps, smooth(list(p1), 5), color="black", label="full softmax")
+        ax.plot(steps, common.smooth(list(p1), 5), color="black", label="full softmax")
         ax.set_title(title)
         ax.set_xlabel("training step (batch 16)")
         ax.grid(alpha=0.3)
@@ -193,26 +183,23 @@ def plot(curves: dict[Run, list[tuple[int, float]]], full_p1: float, path: str, 
     axes[0].set_ylabel("test precision@1")
     fig.suptitle(f"TAPAS Sec. 5.1.1 (V=1000, d=50, c=3); final full softmax p@1 = {full_p1:.3f}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = common.make_parser(__doc__, full=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=0, help="steps per run (overrides --epochs)")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    common.add_threads_argument(parser)
     parser.add_argument("--quick", action="store_true", help="2000 steps per run, *_quick files")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.eval_every = 2000, 100
-    torch.set_num_threads(args.threads)
+    common.set_threads(args.threads)
     name = "tapas_synthetic_quick" if args.quick else "tapas_synthetic"
 
     started = time.perf_counter()
@@ -270,13 +257,13 @@ Figure 1; dashed = sampled softmax with n*r samples).
 Reproduce: `.venv/bin/python -m benchmarks.tapas_synthetic{" --quick" if args.quick else ""}`
 (this run: {(time.perf_counter() - started) / 60:.1f} min wall time in all).
 """
-    write_results(
+    common.write_results(
         name, rows, title="TAPAS synthetic (Section 5.1.1): test precision@1", notes=notes
     )
     skip = 2500 if total_steps > 10_000 else 0
     full_p1 = curves[Run("full")][-1][1]
-    plot(curves, full_p1, str(RESULTS_DIR / f"{name}.png"), skip)
-    print(f"wrote {RESULTS_DIR / name}.{{csv,md,png}}", flush=True)
+    plot(curves, full_p1, str(common.RESULTS_DIR / f"{name}.png"), skip)
+    print(f"wrote {common.RESULTS_DIR / name}.{{csv,md,png}}", flush=True)
 
 
 if __name__ == "__main__":

@@ -65,17 +65,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import faiss
 import torch
 from torch import nn
 
 from benchmarks.common import (
     RESULTS_DIR,
+    add_threads_argument,
+    load_average,
+    log,
+    make_parser,
     peak_extra_bytes,
     peak_rss_bytes,
     provenance,
+    pyplot,
     reset_peak_rss,
     result_path,
+    save_figure,
+    set_threads,
     write_results,
 )
 from lightning_sampled.heads import SampledSoftmaxHead
@@ -88,10 +94,6 @@ OPTIMIZER = {"sparse": "LazyAdam", "dense": "Adam", "dense_fused": "Adam(fused=T
 PATHS = tuple(OPTIMIZER)
 
 Config = tuple[int, str, str]  # (N, path, sampler)
-
-
-def log(message: str) -> None:
-    print(f"[train_step {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def sampler_names(codebook_sizes: list[int]) -> list[str]:
@@ -255,8 +257,8 @@ def profile_steps(
 def machine_load() -> str:
     """The load average and the busiest other processes, for the Markdown's account of what else
     ran on the machine during the run."""
+    load = load_average()
     try:
-        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
         out = subprocess.run(
             ["ps", "-eo", "pid,pcpu,rss,etime,args", "--sort=-pcpu", "--no-headers"],
             capture_output=True,
@@ -547,10 +549,7 @@ def profile_tables(run: Run, top: int) -> list[str]:
 
 
 def plot(rows: list[dict], names: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     main_rows = [r for r in rows if not r["companion"]]
@@ -577,8 +576,7 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def replot(name: str, names: list[str]) -> Path:
@@ -596,7 +594,7 @@ def replot(name: str, names: list[str]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument(
         "--sizes", type=float, nargs="+", default=[1e4, 2e5, 1e6, 1e7], help="values of N"
     )
@@ -606,7 +604,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--negatives", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch and faiss threads")
+    add_threads_argument(parser, 1, "torch and faiss threads")
     parser.add_argument("--mem-budget-gb", type=float, default=8.0)
     parser.add_argument("--companion-size", type=float, default=2e5)
     parser.add_argument("--profile-sizes", type=float, nargs="*", default=[2e5, 1e6, 1e7])
@@ -629,8 +627,7 @@ def main(argv: list[str] | None = None) -> None:
     args.sizes = [int(s) for s in args.sizes]
     args.companion_size = int(args.companion_size)
     args.profile_sizes = {int(s) for s in args.profile_sizes}
-    torch.set_num_threads(args.threads)
-    faiss.omp_set_num_threads(args.threads)
+    set_threads(args.threads, faiss=True)
     names = sampler_names(args.codebook_sizes)
     if args.replot:
         print(replot(args.name, names))
