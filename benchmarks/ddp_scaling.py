@@ -38,7 +38,14 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import add_background_argument, load_average, load_header, write_results
+from benchmarks.common import (
+    add_background_argument,
+    add_threads_argument,
+    make_parser,
+    measured_load,
+    set_threads,
+    write_results,
+)
 
 #: (processes, threads per process) of the three training runs, the first the baseline
 TRAINING_RUNS = ((1, 1), (1, 2), (2, 1))
@@ -73,7 +80,7 @@ def worker(args: argparse.Namespace) -> None:
     from recipes.compare import EpochRecord
 
     warnings.filterwarnings("ignore", "LightningCLI's args parameter")
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     root = str(Path(args.result).parent / Path(args.result).stem)
     cli = main(
         recipe_args(args.config, args.head, args.epochs, args.seed, args.devices, root), run=False
@@ -203,7 +210,7 @@ Command: `python -m benchmarks.ddp_scaling --config {args.config} --head {args.h
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--config", default="recipes/configs/sasrec_ml-1m.yaml")
     parser.add_argument("--head", default="midx_rq", help="a name in recipes/configs/heads/")
     parser.add_argument("--epochs", type=int, default=1)
@@ -213,7 +220,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # one run, started by the parent (and by Lightning for the second rank)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    add_threads_argument(parser, 1, argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", help=argparse.SUPPRESS)
@@ -230,10 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
-    load_start = load_average()
-    with tempfile.TemporaryDirectory() as scratch:
+    with measured_load(args.background) as load, tempfile.TemporaryDirectory() as scratch:
         throughput, equality = measure(args, Path(scratch))
-    header = load_header(load_start, load_average(), args.background)
+    header = load.header
     write_results(
         f"{args.name}_equality",
         equality,

@@ -69,6 +69,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from benchmarks.common import make_parser, pyplot, save_figure, set_threads
 from lightning_sampled.callbacks import SamplerDiagnostics
 
 from .time_to_quality import (
@@ -575,7 +576,7 @@ def run_one(
     run: Run, data_dir: str, device_name: str, tiny: bool, schedule: Schedule = Schedule()
 ) -> dict[str, Any]:
     """One run in a worker process: its row (``status`` ``"ok"`` or the error's first line)."""
-    torch.set_num_threads(1)
+    set_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*IterableDataset.*has .__len__. defined.*")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -717,10 +718,7 @@ def describe(s: dict[str, Any], ranked: bool) -> str:
 def plot(summary: list[dict], path: Path) -> None:
     """Per task, each cell's conventions as bars relative to the full softmax's mean (lower is
     better for perplexity), with the seeds' standard deviation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tasks = list(dict.fromkeys(s["task"] for s in summary))
     if not tasks:
@@ -758,8 +756,7 @@ def plot(summary: list[dict], path: Path) -> None:
         ax.set_title(task)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def write_rows(rows: list[dict], path: Path) -> None:
@@ -790,7 +787,7 @@ def read_rows(path: Path) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--prepare", type=Path, help="write the carried data into DIR and exit")
     parser.add_argument("--data", type=Path, help="the prepared data (--prepare DIR)")
     parser.add_argument("--out", type=Path, help="where the results go")

@@ -18,15 +18,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import matplotlib
+import torch
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from benchmarks.common import RESULTS_DIR, write_results  # noqa: E402
-from lightning_sampled.heads import OneVsEachHead  # noqa: E402
+from benchmarks import common
+from lightning_sampled.heads import OneVsEachHead
 
 NUM_CLASSES, NUM_DRAWS, BATCH, NEGATIVES = 10_000, 1_000_000, 100, 10
 
@@ -79,7 +75,7 @@ def train(labels: Tensor, freq: Tensor, args: argparse.Namespace):
 def plot(freq: Tensor, est: Tensor, curve: list[tuple[int, float]], path: str) -> None:
     """The paper's Figure 2: (a) optimum sorted, (b) the stochastic estimates, (c) the error."""
     order = freq.argsort(descending=True)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = common.pyplot().subplots(1, 3, figsize=(15, 4))
     axes[0].plot(freq[order].numpy())
     axes[0].set_title("(a) optimum: empirical frequencies N_k / N (sorted)")
     axes[1].plot(est[order].numpy(), lw=0.5, alpha=0.7, label="stochastic estimate")
@@ -97,23 +93,20 @@ def plot(freq: Tensor, est: Tensor, curve: list[tuple[int, float]], path: str) -
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = common.make_parser(__doc__, full=True)
     parser.add_argument("--iterations", type=int, default=200_000)
     parser.add_argument("--eval-every", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    common.add_threads_argument(parser)
     parser.add_argument("--quick", action="store_true", help="2e4 iterations, *_quick files")
     args = parser.parse_args()
     if args.quick:
         args.iterations = 20_000
-    torch.set_num_threads(args.threads)
+    common.set_threads(args.threads)
     name = "ove_nonparametric_quick" if args.quick else "ove_nonparametric"
 
     started = time.perf_counter()
@@ -122,7 +115,7 @@ def main() -> None:
     est = estimate(head)
     marks = [m for m in (1_000, 10_000, 20_000, 50_000, 100_000, 200_000) if m <= args.iterations]
     errors = dict(curve)
-    common = freq >= 100 / NUM_DRAWS  # classes seen at least 100 times
+    frequent = freq >= 100 / NUM_DRAWS  # classes seen at least 100 times
     rows = [
         {
             "iteration": m,
@@ -134,7 +127,7 @@ def main() -> None:
         if m in errors
     ]
     max_err = (est - freq).abs().max().item()
-    median_rel = ((est - freq).abs() / freq)[common].median().item()
+    median_rel = ((est - freq).abs() / freq)[frequent].median().item()
     notes = f"""
 Setup: One-vs-Each paper Section 4.1. K = {NUM_CLASSES} classes, N = {NUM_DRAWS} draws from
 p(k) ∝ u_k^2 (u_k ~ U[0, 1], seed {args.seed}); free scores f_k = the class table of a
@@ -144,18 +137,18 @@ estimate of Eq. 15), lr 0.5/b = {0.5 / BATCH:g} on the minibatch mean of the est
 epoch, {args.iterations} iterations, zero init. The optimum of the bound is the empirical frequency
 vector N_k/N (Proposition 2); the error is || softmax(f) - N_k/N ||_1 (the paper's Figure 2c), which
 starts at {curve[0][1]:.3f} (uniform estimate). Final: max |error| {max_err:.2e}; median
-relative error {median_rel:.3f} over the {int(common.sum())} classes seen >= 100 times.
+relative error {median_rel:.3f} over the {int(frequent.sum())} classes seen >= 100 times.
 {1e3 * sec_per_it:.2f} ms per iteration (forward + backward + SGD step, 1 CPU thread).
 Plot: `{name}.png`.
 
 Reproduce: `.venv/bin/python -m benchmarks.ove_nonparametric{" --quick" if args.quick else ""}`
 (this run: {(time.perf_counter() - started) / 60:.1f} min wall time in all).
 """
-    write_results(
+    common.write_results(
         name, rows, title="One-vs-Each non-parametric estimation (Section 4.1)", notes=notes
     )
-    plot(freq, est, curve, str(RESULTS_DIR / f"{name}.png"))
-    print(f"wrote {RESULTS_DIR / name}.{{csv,md,png}}", flush=True)
+    plot(freq, est, curve, str(common.RESULTS_DIR / f"{name}.png"))
+    print(f"wrote {common.RESULTS_DIR / name}.{{csv,md,png}}", flush=True)
 
 
 if __name__ == "__main__":

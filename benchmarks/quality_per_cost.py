@@ -47,11 +47,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from lightning_sampled.callbacks import IndexRefresh
 
-from .common import RESULTS_DIR, load_average, provenance
+from . import common
 from .estimator_grid import (
     TASKS,
     Run,
@@ -97,9 +95,9 @@ LABELS = {
 EPOCH_STEPS = 8581
 #: the perplexities whose time to reach the report tabulates
 PPL_TARGETS = (60.0, 40.0, 30.0, 25.0, 22.0, 20.0)
-OUT = RESULTS_DIR / "quality_per_cost"
-REPORT = RESULTS_DIR / "quality_per_cost.md"
-GRID_CSV = RESULTS_DIR / "estimator_grid" / "estimator_grid.csv"
+OUT = common.RESULTS_DIR / "quality_per_cost"
+REPORT = common.RESULTS_DIR / "quality_per_cost.md"
+GRID_CSV = common.RESULTS_DIR / "estimator_grid" / "estimator_grid.csv"
 #: the only GCIDE full-softmax run recorded (no converged reference exists)
 FULL_REFERENCE = (
     "`recipes/results/gcide.md` (`gcide_full.*`): the full softmax trained 30 steps "
@@ -151,43 +149,42 @@ def measure(
     names: Sequence[str], data_dir: str, rounds: int, steps: int, threads: int = 1
 ) -> list[dict[str, Any]]:
     """Every configuration's median training step (and index refresh), round-robin."""
-    torch.set_num_threads(threads)
+    common.set_threads(threads)
     data = load_task(data_dir, "gcide", "cpu", False)
     loader = iter(data.train(0))
     batches = [next(loader) for _ in range(1 + rounds * steps)]
     distinct = statistics.fmean(float(b["target"].unique().numel()) for b in batches)
     clip = recipe(TASKS["gcide"]["config"])["trainer"].get("gradient_clip_val")  # by norm
-    load_start = load_average()
-    timed: dict[str, Timed] = {}
-    for name in names:
-        run = RUNS[name]
-        m = method_of(run)
-        model = build_model(run, data, m).train()
-        refresh = next((c for c in m.make_callbacks() if isinstance(c, IndexRefresh)), None)
-        item = Timed(
-            HeadSpec(name, run.convention or ""),
-            model,
-            model.configure_optimizers(),
-            clip,
-            "norm",
-            refresh,
-            [],
-            [],
-        )
-        if refresh is not None:
-            item.first_refresh_s = refresh.refresh(model)[0]
-        train_step(item, batches[0], 0)  # warm-up, not timed
-        timed[name] = item
-        print(f"built {name}", flush=True)
-    for r in range(rounds):
-        for item in timed.values():
-            for i in range(steps):
-                index = 1 + r * steps + i
-                item.steps.append(train_step(item, batches[index], index))
-            if item.refresh is not None:
-                item.refreshes.append(item.refresh.refresh(item.model)[0])
-        print(f"round {r + 1}/{rounds} done", flush=True)
-    load_end = load_average()
+    with common.measured_load() as load:
+        timed: dict[str, Timed] = {}
+        for name in names:
+            run = RUNS[name]
+            m = method_of(run)
+            model = build_model(run, data, m).train()
+            refresh = next((c for c in m.make_callbacks() if isinstance(c, IndexRefresh)), None)
+            item = Timed(
+                HeadSpec(name, run.convention or ""),
+                model,
+                model.configure_optimizers(),
+                clip,
+                "norm",
+                refresh,
+                [],
+                [],
+            )
+            if refresh is not None:
+                item.first_refresh_s = refresh.refresh(model)[0]
+            train_step(item, batches[0], 0)  # warm-up, not timed
+            timed[name] = item
+            print(f"built {name}", flush=True)
+        for r in range(rounds):
+            for item in timed.values():
+                for i in range(steps):
+                    index = 1 + r * steps + i
+                    item.steps.append(train_step(item, batches[index], index))
+                if item.refresh is not None:
+                    item.refreshes.append(item.refresh.refresh(item.model)[0])
+            print(f"round {r + 1}/{rounds} done", flush=True)
     return [
         {
             "name": name,
@@ -202,8 +199,8 @@ def measure(
             "refresh_s": statistics.median(item.refreshes) if item.refreshes else 0.0,
             "schedule": json.dumps(refresh_schedule(item.refresh)),
             "threads": threads,
-            "load_start": load_start,
-            "load_end": load_end,
+            "load_start": load.start,
+            "load_end": load.end,
         }
         for name, item in timed.items()
     ]
@@ -211,7 +208,7 @@ def measure(
 
 def write_step_costs(rows: Sequence[dict], out: Path = OUT, commit: str | None = None) -> Path:
     """``out/step_cost.csv`` with the machine, torch version and commit on every row."""
-    stamp = provenance()
+    stamp = common.provenance()
     if commit:
         stamp["commit"] = commit
     out.mkdir(parents=True, exist_ok=True)
@@ -401,10 +398,7 @@ def _cost_section(curves: dict[str, list[dict]], costs: dict[str, dict]) -> list
 
 def plot(curves: dict[str, list[dict]], path: Path) -> None:
     """Validation perplexity against steps, one line per configuration (log y)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (name, curve) in enumerate(curves.items()):
@@ -423,13 +417,12 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=100)
 
 
 # ------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.make_parser(__doc__)
     parser.add_argument("--collect", nargs="+", type=Path, help="runs' --out folders -> runs.csv")
     parser.add_argument("--measure", action="store_true", help="time every configuration's step")
     parser.add_argument("--report", action="store_true", help="write the report from the CSVs")
@@ -437,7 +430,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--names", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="steps per block")
-    parser.add_argument("--threads", type=int, default=1)
+    common.add_threads_argument(parser)
     parser.add_argument("--commit", help="the commit, where git cannot tell")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)

@@ -81,12 +81,12 @@ from lightning_sampled.callbacks import IndexRefresh
 from lightning_sampled.optim import clip_grad_norm_, clip_grad_value_
 from recipes.tables import write_csv
 
-from .common import RESULTS_DIR, load_average, load_header, provenance
+from . import common
 from .report.common import head_label, markdown_table, read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_RESULTS = ROOT / "recipes" / "results"
-OUT = RESULTS_DIR / "recipe_time_to_quality"
+OUT = common.RESULTS_DIR / "recipe_time_to_quality"
 NAME = "recipe_time_to_quality"
 QUALITIES = (0.95, 0.99)
 #: a first index build longer than this (CANE's tree over 1M items) is not repeated every round:
@@ -921,7 +921,7 @@ def write_report(out: Path, steps: Sequence[dict], folder: Path = RECIPE_RESULTS
         "# Time to quality per recipe: recorded validation curves on a time axis measured side "
         "by side (issue 31, item 3)",
         "",
-        load_header(first["load_start"], first["load_end"], first["background"]),
+        common.load_header(first["load_start"], first["load_end"], first["background"]),
         "",
         f"Timed {first['started']} (UTC) to {first['ended']}, "
         f"`OMP_NUM_THREADS={first['threads']}`, torch threads {first['threads']}, seed 0. "
@@ -995,10 +995,7 @@ def step_table(steps: Sequence[dict]) -> list[str]:
 def plot(path: Path, recipe: Recipe, curves: Sequence[dict]) -> None:
     """Validation quality against training seconds (log x), a line per head, the 95% and 99%
     thresholds dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     mine = [c for c in curves if c["recipe"] == recipe.name]
@@ -1033,21 +1030,20 @@ def plot(path: Path, recipe: Recipe, curves: Sequence[dict]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=100)
 
 
 # ------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.make_parser(__doc__)
     parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=list(RECIPES))
     parser.add_argument("--heads", nargs="+", help="only these heads (issue names)")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds")
     parser.add_argument("--steps", type=int, help="steps per block (default: each recipe's)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    common.add_threads_argument(parser)
     parser.add_argument("--budget-s", type=float, default=1500.0, help="timing budget, seconds")
     parser.add_argument("--out", type=Path, help=f"output folder (default {OUT})")
-    parser.add_argument("--background", default="", help="what else ran on the machine")
+    common.add_background_argument(parser)
     parser.add_argument("--report", action="store_true", help="rebuild md/png from step_time.csv")
     parser.add_argument("--tiny", action="store_true", help="dry run: 1 round of 1 step")
     args = parser.parse_args(argv)
@@ -1070,27 +1066,28 @@ def main(argv: list[str] | None = None) -> Path:
         return md
     if args.tiny:
         args.rounds, args.steps = 1, 1
-    torch.set_num_threads(args.threads)
+    common.set_threads(args.threads)
     warnings.filterwarnings("ignore", ".*self.log.*")  # training_step logs; no Trainer here
     warnings.filterwarnings("ignore", "LightningCLI's args parameter")
-    load_start, started = load_average(), datetime.now(timezone.utc)
+    started = datetime.now(timezone.utc)
     begin = time.perf_counter()
     rows: list[dict] = []
-    for n, name in enumerate(args.recipes):
-        share = (args.budget_s - (time.perf_counter() - begin)) / (len(args.recipes) - n)
-        deadline = time.perf_counter() + max(share, 0.0)
-        rows += time_recipe(
-            RECIPES[name], args.heads, args.rounds, args.steps, deadline, warmup=not args.tiny
-        )
+    with common.measured_load(args.background) as load:
+        for n, name in enumerate(args.recipes):
+            share = (args.budget_s - (time.perf_counter() - begin)) / (len(args.recipes) - n)
+            deadline = time.perf_counter() + max(share, 0.0)
+            rows += time_recipe(
+                RECIPES[name], args.heads, args.rounds, args.steps, deadline, warmup=not args.tiny
+            )
     ended = datetime.now(timezone.utc)
     stamp = {
         "threads": args.threads,
         "started": started.strftime("%Y-%m-%d %H:%M"),
         "ended": ended.strftime("%H:%M"),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "background": args.background,
-        **provenance(),
+        "load_start": load.start,
+        "load_end": load.end,
+        "background": load.background,
+        **common.provenance(),
     }
     rows = [{**row, **stamp} for row in rows]
     out.mkdir(parents=True, exist_ok=True)

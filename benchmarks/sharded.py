@@ -47,7 +47,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.common import add_background_argument, load_average, load_header, write_results
+from benchmarks.common import (
+    add_background_argument,
+    make_parser,
+    measured_load,
+    set_threads,
+    write_results,
+)
 from recipes import memory
 
 GIB = 2**30
@@ -94,7 +100,7 @@ def run_rank(rank: int, world: int, init_file: str, args: argparse.Namespace, ou
     from lightning_sampled.optim import LazyAdam
     from lightning_sampled.samplers import UniformSampler
 
-    torch.set_num_threads(1)
+    set_threads(1)
     if world > 1:
         dist.init_process_group(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
@@ -252,7 +258,7 @@ def targets(rows: list[dict], baseline: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--classes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dim", type=int, default=64)
@@ -275,8 +281,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    start = load_average()
-    rows = table_rows(args)
+    with measured_load(args.background) as load:
+        rows = table_rows(args)
     notes = "\n".join(
         [
             "## Targets",
@@ -300,9 +306,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{args.positions} --optimizers {' '.join(args.optimizers)}`.",
         ]
     )
-    header = load_header(start, load_average(), args.background)
     path = write_results(
-        args.name, rows, title="Class tables split across ranks", notes=notes, header=header
+        args.name, rows, title="Class tables split across ranks", notes=notes, header=load.header
     )
     print(path.read_text())
 

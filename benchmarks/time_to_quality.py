@@ -77,7 +77,7 @@ from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
 from lightning_sampled.metrics import Perplexity, evaluate_ranking
 from recipes.models import LSTMLanguageModel, SASRec
 
-from .common import gpu_driver, provenance
+from .common import gpu_driver, make_parser, provenance, pyplot, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "recipes" / "configs"
@@ -802,10 +802,7 @@ def cell(value: Any) -> str:
 def plot(path: Path, curves: list[dict]) -> None:
     """One panel per task with a curve: validation quality against training wall time, a line
     per method; nothing without curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tasks = list(dict.fromkeys(p["task"] for p in curves))
     if not tasks:
@@ -825,13 +822,12 @@ def plot(path: Path, curves: list[dict]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 # ------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--prepare", type=Path, help="write the carried data into DIR and exit")
     parser.add_argument(
         "--train-tokens",
