@@ -1,4 +1,4 @@
-"""Recipes: a LightningCLI entry point, data modules, SASRec / GRU4Rec / LSTM LM and YAML configs.
+"""Recipes: LightningCLI entry point, data modules, SASRec / GRU4Rec / LSTM LM / GPT, YAML configs.
 
 Run ``python -m recipes fit --config recipes/configs/sasrec_ml-100k.yaml --config
 recipes/configs/heads/midx_rq.yaml`` (a model config, then a head config).
@@ -18,10 +18,12 @@ import importlib
 #: data modules need, is missing (the GPU machine of scripts/gpu_check.sh)
 _SUBMODULE = {
     "GCIDE": ".data",
+    "GCIDEBPE": ".data",
     "MovieLens": ".data",
     "PennTreebank": ".data",
     "RecipeData": ".data",
     "SyntheticSequences": ".data",
+    "GPTLanguageModel": ".models",
     "GRU4Rec": ".models",
     "LSTMLanguageModel": ".models",
     "SASRec": ".models",

@@ -1,4 +1,4 @@
-"""SASRec, GRU4Rec and the MIDX paper's LSTM language model, each with any head."""
+"""SASRec, GRU4Rec, the MIDX paper's LSTM language model and a small GPT, each with any head."""
 
 from __future__ import annotations
 
@@ -179,3 +179,55 @@ class LSTMLanguageModel(LanguageModel):
         """``[B, T]`` token ids to ``[B, T, D]`` states (``D`` = 200 tied, 128 untied)."""
         out = self.lstm(self.dropout(self.word_emb(inputs)))[0]
         return self.project(self.dropout(out))
+
+
+class GPTLanguageModel(LanguageModel):
+    """A small GPT-2 trained from scratch: Hugging Face's ``GPT2Model`` (token and learned
+    position embeddings, causal self-attention blocks, final layer norm) built from a config,
+    without Hugging Face's LM head: its hidden states go to the recipe's head, tied to the token
+    embedding ``wte`` (as GPT-2 ties its own), so no ``[B, L, V]`` logits are built in training.
+
+    Args:
+        n_layer: transformer blocks.
+        n_embd: ``D``, the width (of the embeddings and the head).
+        n_head: attention heads per block.
+        n_positions: learned positions, the longest input (at least the data's ``seq_len``).
+        dropout: GPT-2's residual, embedding and attention dropout.
+        **kwargs: of :class:`LanguageModel`.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        n_layer: int = 2,
+        n_embd: int = 256,
+        n_head: int = 4,
+        n_positions: int = 64,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if self.shards_table():
+            raise ValueError("GPTLanguageModel does not split its token table (sharded: true)")
+        from transformers import GPT2Config, GPT2Model
+
+        config = GPT2Config(
+            vocab_size=self.num_classes,
+            n_positions=n_positions,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=n_head,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+        )
+        self.transformer = GPT2Model(config)
+        self.head = self.build_head(n_embd, self.transformer.wte.weight)
+        self.sparse_lookup(self.transformer.wte)
+
+    def encode(self, inputs: Tensor) -> Tensor:
+        """``[B, T]`` token ids to ``[B, T, D]`` final hidden states (after ``ln_f``)."""
+        positions = self.transformer.config.n_positions
+        if inputs.shape[1] > positions:
+            raise ValueError(f"input length {inputs.shape[1]} exceeds n_positions={positions}")
+        return self.transformer(input_ids=inputs, use_cache=False).last_hidden_state

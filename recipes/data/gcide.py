@@ -50,9 +50,8 @@ FETCH_COMMAND = "python -m recipes.data.gcide --fetch"
 SPLITS = ("train", "validation", "test")
 #: Words (letters and digits, inner apostrophes kept: ``don't``) or single punctuation marks.
 TOKEN = re.compile(r"[^\W_]+(?:'[^\W_]+)*|[^\w\s]|_")
-_B64 = {
-    c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
-}
+_DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_B64 = {c: i for i, c in enumerate(_DIGITS)}
 
 
 def default_source_dir(cache_dir: Path | None = None) -> Path:
@@ -110,6 +109,16 @@ def _b64(text: str) -> int:
     return value
 
 
+def to_b64(value: int) -> str:
+    """``value`` in dictd's base64 digits (the inverse of the index's offsets and lengths)."""
+    digits = ""
+    while True:
+        value, rest = divmod(value, 64)
+        digits = _DIGITS[rest] + digits
+        if value == 0:
+            return digits
+
+
 def read_entries(source_dir: Path) -> Iterator[tuple[str, str]]:
     """``(headword, text)`` of each dictionary entry in file order: one per distinct
     ``(offset, length)`` of the index, named by its first headword, ``00-database-*`` skipped."""
@@ -141,14 +150,56 @@ def split_of(headword: str) -> str:
     return SPLITS[1] if bucket == 0 else SPLITS[2] if bucket == 1 else SPLITS[0]
 
 
+def split_entries(source_dir: Path) -> dict[str, list[str]]:
+    """The entries' texts of each split (:func:`split_of`), ordered within a split by the
+    rest of their headword's hash, so that any prefix samples the whole alphabet."""
+    keyed: dict[str, list[tuple[int, str]]] = {name: [] for name in SPLITS}
+    for headword, text in read_entries(source_dir):
+        keyed[split_of(headword)].append((entry_hash(headword) // 100, text))
+    return {
+        name: [text for _, text in sorted(entries, key=lambda e: e[0])]
+        for name, entries in keyed.items()
+    }
+
+
+def ensure_source(source_dir: Path, cache: Path) -> str:
+    """Fetches GCIDE into ``source_dir`` when it is missing there and that is the cache's
+    default place; returns the first 12 hex digits of the source files' SHA-1 (the cache key)."""
+    if not (source_dir / DICT_FILE).is_file():
+        if source_dir != default_source_dir(cache):
+            raise FileNotFoundError(
+                f"no {DICT_FILE} in {source_dir}; leave source_dir unset to fetch "
+                f"GCIDE into the cache, or run `{FETCH_COMMAND}`"
+            )
+        fetch(source_dir)
+    digest = hashlib.sha1()
+    for name in (DICT_FILE, INDEX_FILE):
+        digest.update((source_dir / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def save_atomically(cache: Path, path: Path, files: dict[str, np.ndarray | str]) -> None:
+    """Writes ``files`` (arrays as ``.npy``, strings as text) into a fresh folder of ``cache``
+    and renames it to ``path``, so that a reader sees all of them or none; a folder another
+    process saved first is kept."""
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{path.name}-"))
+    for name, content in files.items():
+        if isinstance(content, str):
+            (tmp / name).write_text(content, encoding="utf-8")
+        else:
+            np.save(tmp / name, content)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build(source_dir: Path, min_count: int) -> tuple[dict[str, np.ndarray], list[str]]:
     """Tokenises the dictionary into the three id streams and the vocabulary (words by id)."""
-    tokens: dict[str, list[tuple[int, list[str]]]] = {name: [] for name in SPLITS}
-    for headword, text in read_entries(source_dir):
-        tokens[split_of(headword)].append((entry_hash(headword) // 100, [*tokenize(text), EOS]))
     streams = {
-        name: [w for _, entry in sorted(entries, key=lambda e: e[0]) for w in entry]
-        for name, entries in tokens.items()
+        name: [w for text in texts for w in [*tokenize(text), EOS]]
+        for name, texts in split_entries(source_dir).items()
     }
     freq = Counter(streams["train"])
     kept = {w: c for w, c in freq.items() if c >= min_count and w != UNK}
@@ -220,30 +271,15 @@ class GCIDE(TokenStreams):
         """Fetches the source when missing, tokenises it on a cache miss, memory-maps the ids."""
         if getattr(self, "ids", None) is not None:
             return
-        if not (self.source_dir / DICT_FILE).is_file():
-            if self.source_dir != default_source_dir(self.cache):
-                raise FileNotFoundError(
-                    f"no {DICT_FILE} in {self.source_dir}; leave source_dir unset to fetch "
-                    f"GCIDE into the cache, or run `{FETCH_COMMAND}`"
-                )
-            fetch(self.source_dir)
-        digest = hashlib.sha1()
-        for name in (DICT_FILE, INDEX_FILE):
-            digest.update((self.source_dir / name).read_bytes())
-        path = self.cache / f"gcide-{digest.hexdigest()[:12]}-min{self.min_count}"
+        digest = ensure_source(self.source_dir, self.cache)
+        path = self.cache / f"gcide-{digest}-min{self.min_count}"
         if not (path / "meta.json").is_file():
             ids, words = build(self.source_dir, self.min_count)
-            self.cache.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=self.cache, prefix=".gcide-"))
-            for name, array in ids.items():
-                np.save(tmp / f"{name}.npy", array)
-            (tmp / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
             meta = {"min_count": self.min_count, **{k: len(v) for k, v in ids.items()}}
-            (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
-            try:
-                os.replace(tmp, path)
-            except OSError:  # another process saved it first
-                shutil.rmtree(tmp, ignore_errors=True)
+            files = {f"{name}.npy": array for name, array in ids.items()}
+            files["vocab.txt"] = "\n".join(words) + "\n"
+            files["meta.json"] = json.dumps(meta) + "\n"
+            save_atomically(self.cache, path, files)
         self.words: list[str] = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
         self.ids = {name: np.load(path / f"{name}.npy", mmap_mode="r") for name in SPLITS}
 
