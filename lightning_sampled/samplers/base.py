@@ -146,6 +146,7 @@ class Sampler(nn.Module):
             float ``[B, K]``, or ``[K]`` when ``ids`` is ``[K]`` and the sampler is
             query-independent. The padding class gets ``-inf``.
         """
+        check_query_batch(z)
         check_class_ids("ids", ids, self.num_classes)
         check_ids_per_query(z, ids)
         return self._log_prob(z, ids)
@@ -184,10 +185,7 @@ class Sampler(nn.Module):
     ) -> torch.Generator | None:
         """Validates a draw's arguments; returns the generator to draw with."""
         check_positive_int("num_samples", num_samples)
-        if z.dim() != 2:
-            raise ValueError(f"z must be [B, D], got shape {tuple(z.shape)}")
-        if not z.is_floating_point():
-            raise ValueError(f"z must be a floating-point [B, D] tensor of queries, got {z.dtype}")
+        check_query_batch(z)
         if shared and not self.query_independent:
             raise ValueError(
                 f"shared negatives need a query-independent proposal; {type(self).__name__} "
@@ -281,9 +279,22 @@ def lookup(table: Tensor, ids: Tensor) -> Tensor:
     return table.index_select(0, ids.reshape(-1)).view(ids.shape)
 
 
+def check_query_batch(z: Tensor) -> None:
+    """``ValueError`` unless ``z`` is a floating-point ``[B, D]`` tensor of queries (also where a
+    query-independent proposal reads only its batch size, device and dtype)."""
+    if z.dim() != 2:
+        raise ValueError(f"z must be [B, D], got shape {tuple(z.shape)}")
+    if not z.is_floating_point():
+        raise ValueError(f"z must be a floating-point [B, D] tensor of queries, got {z.dtype}")
+
+
 def check_ids_per_query(z: Tensor, ids: Tensor) -> None:
-    """``ValueError`` unless per-query ``ids`` ``[B, K]`` have one row per query of ``z``
-    ``[B, D]`` (shared ``ids`` ``[K]`` fit any batch)."""
+    """``ValueError`` unless ``ids`` are per-query ``[B, K]`` with one row per query of ``z``
+    ``[B, D]``, or shared ``[K]`` (which fit any batch)."""
+    if ids.dim() not in (1, 2):
+        raise ValueError(
+            f"ids must be [B, K] (per query) or [K] (shared), got shape {tuple(ids.shape)}"
+        )
     if ids.dim() == 2 and (z.dim() != 2 or ids.shape[0] != z.shape[0]):
         raise ValueError(
             f"ids [B, K] must have one row per query of z [B, D], got ids of shape "

@@ -100,11 +100,12 @@ def _residual_softmax_in_cell(
     """A class drawn from ``P3(. | cell)`` (Eq. 5) for every draw: ids ``[B, M]`` from the
     cells ``cell`` ``[B, M]`` and fp64 uniforms ``u`` ``[B, M]``."""
     batch = cell.shape[0]
+    num_cells = log_weights.shape[-1] ** 2  # not -1: an empty batch has no size to infer from
     members = cells.members
     member_cells = class_cells[members].expand(batch, -1)
     log_p3 = (
         residual_logits[:, members].double()
-        - log_weights.reshape(batch, -1).gather(1, member_cells).double()
+        - log_weights.reshape(batch, num_cells).gather(1, member_cells).double()
     )
     # Each non-empty cell's P3 sums to one, so the running sum reaches (cells so far) at each
     # cell's end: fp64 keeps every cell's share exact enough for 4096 cells.
@@ -130,9 +131,9 @@ def score_exact(
     cells = class_cells[ids]
     safe = cells.clamp(min=0)
     k1 = safe // k
-    log_omega = log_weights.expand(batch, k, k).reshape(batch, -1).gather(1, safe)
+    log_omega = log_weights.expand(batch, k, k).reshape(batch, k * k).gather(1, safe)
     log_p1 = logits.log_p1.gather(1, k1)
-    log_p2 = log_second_stage(logits.s2, log_weights).reshape(batch, -1).gather(1, safe)
+    log_p2 = log_second_stage(logits.s2, log_weights).reshape(batch, k * k).gather(1, safe)
     log_p3 = residual_logits.gather(1, ids) - log_omega
     log_q = (log_p1 + log_p2 + log_p3).float()
     return log_q.masked_fill(cells < 0, -math.inf)
