@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from draw_law import chi_square_pvalue
 
 from lightning_sampled.samplers import conditional_draw
 from lightning_sampled.samplers.conditional_draw import draw_from_used_rows
@@ -60,9 +60,5 @@ def test_frequencies_pass_chi_square_against_the_row():
     drawn = draw_from_used_rows(counts, weights, rows, torch.rand(2, draws, generator=g))
     for b in range(2):
         row = counts[rows[b, 0]].double() * weights[b]
-        expected = row / row.sum() * draws
-        observed = torch.bincount(drawn[b], minlength=k).double()
-        support = expected > 0
-        assert int(support.sum()) >= 3
-        assert observed[~support].sum() == 0
-        assert chisquare(observed[support], expected[support]).pvalue > 1e-3
+        assert int((row > 0).sum()) >= 3
+        assert chi_square_pvalue(drawn[b], row) > 1e-3

@@ -1,10 +1,11 @@
-"""Uniform, unigram and log-uniform proposals: draw frequencies, log-probabilities, padding."""
+"""Uniform, unigram and log-uniform proposals: their closed forms, padding at either end, the
+alias table. What every proposal must do is in ``test_sampler_contract.py``."""
 
 import math
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from draw_law import chi_square_pvalue
 
 from lightning_sampled.samplers import LogUniformSampler, UniformSampler, UnigramSampler
 from lightning_sampled.samplers.static import alias_draw, alias_table
@@ -27,60 +28,17 @@ SAMPLERS = {
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
-@pytest.mark.parametrize("padding_idx", [None, 0, 17, N - 1])
-def test_draw_frequencies_pass_chi_square_against_exp_log_q(name, padding_idx):
+@pytest.mark.parametrize("padding_idx", [0, N - 1])
+def test_padding_at_either_end_is_never_drawn_and_the_draws_follow_log_q(name, padding_idx):
+    """The contract's padding class is in the middle; here the first and the last class."""
     sampler = SAMPLERS[name](padding_idx)
     z = torch.zeros(50, 3)
     g = torch.Generator().manual_seed(1234)
     draws = torch.cat([sampler.sample(z, 400, generator=g).ids.reshape(-1) for _ in range(10)])
-    observed = torch.bincount(draws, minlength=N).double()
     probs = sampler.log_prob(z, torch.arange(N)).exp().double()
     assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-6)
-    if padding_idx is not None:
-        assert observed[padding_idx] == 0 and probs[padding_idx] == 0
-    keep = probs > 0
-    expected = probs[keep] * draws.numel()
-    observed = observed[keep]
-    stat = chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy())
-    assert stat.pvalue > 1e-3, stat
-
-
-@pytest.mark.parametrize("name", SAMPLERS)
-@pytest.mark.parametrize("shared", [False, True])
-def test_sample_log_q_agrees_with_log_prob(name, shared):
-    sampler = SAMPLERS[name](0)
-    z = torch.randn(6, 3)
-    draw = sampler.sample(z, 25, shared=shared, generator=torch.Generator().manual_seed(0))
-    assert draw.ids.shape == ((25,) if shared else (6, 25))
-    assert draw.ids.dtype == torch.long
-    torch.testing.assert_close(draw.log_q, sampler.log_prob(z, draw.ids))
-    per_query = sampler.log_prob(z, draw.ids.expand(6, -1) if shared else draw.ids)
-    assert per_query.shape == (6, 25)
-
-
-@pytest.mark.parametrize("name", SAMPLERS)
-@pytest.mark.parametrize("shared", [False, True])
-def test_sample_and_score_is_sample_plus_log_prob(name, shared):
-    sampler = SAMPLERS[name](0)
-    z = torch.randn(6, 3)
-    targets = torch.tensor([[1], [5], [36], [0], [9], [4]])
-    draw, log_q = sampler.sample_and_score(
-        z, 25, targets, shared=shared, generator=torch.Generator().manual_seed(0)
-    )
-    alone = sampler.sample(z, 25, shared=shared, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(draw.ids, alone.ids) and torch.equal(draw.log_q, alone.log_q)
-    torch.testing.assert_close(log_q, sampler.log_prob(z, targets))
-    with pytest.raises(IndexError, match="ids"):
-        sampler.sample_and_score(z, 5, torch.full((6, 1), N))
-
-
-@pytest.mark.parametrize("name", SAMPLERS)
-def test_same_generator_seed_gives_same_draws(name):
-    sampler = SAMPLERS[name](None)
-    z = torch.zeros(4, 2)
-    a = sampler.sample(z, 30, generator=torch.Generator().manual_seed(7)).ids
-    b = sampler.sample(z, 30, generator=torch.Generator().manual_seed(7)).ids
-    assert torch.equal(a, b)
+    assert probs[padding_idx] == 0 and not (draws == padding_idx).any()
+    assert chi_square_pvalue(draws, probs) > 1e-3
 
 
 def test_unigram_is_the_squashed_floored_frequency():
@@ -108,12 +66,6 @@ def test_log_uniform_closed_form():
     torch.testing.assert_close(sampler.log_prob(torch.zeros(1, 2), torch.arange(N)).exp(), want)
 
 
-def test_uniform_never_draws_padding_at_scale():
-    sampler = UniformSampler(3, padding_idx=1)
-    ids = sampler.sample(torch.zeros(1000, 1), 100, generator=torch.Generator().manual_seed(0)).ids
-    assert set(ids.unique().tolist()) == {0, 2}
-
-
 @pytest.mark.parametrize(
     "build, match",
     [
@@ -130,16 +82,6 @@ def test_uniform_never_draws_padding_at_scale():
 def test_constructors_reject_bad_arguments(build, match):
     with pytest.raises(ValueError, match=match):
         build()
-
-
-def test_sample_and_log_prob_reject_bad_input():
-    sampler = UniformSampler(10)
-    with pytest.raises(ValueError, match="num_samples"):
-        sampler.sample(torch.zeros(2, 3), 0)
-    with pytest.raises(ValueError, match="z must be"):
-        sampler.sample(torch.zeros(3), 4)
-    with pytest.raises(IndexError, match="ids.*got 10"):
-        sampler.log_prob(torch.zeros(2, 3), torch.tensor([1, 10]))
 
 
 def hard_distributions() -> dict[str, torch.Tensor]:
