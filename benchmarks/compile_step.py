@@ -24,7 +24,7 @@ growth of the process' peak resident set on the CPU, ``max_memory_allocated`` on
 gradients are included. On the CPU run it with ``MALLOC_MMAP_THRESHOLD_=131072``: glibc then maps
 every block of 128 KiB or more on its own and unmaps it when freed, so that a step cannot reuse
 resident memory an earlier step freed and under-count. ``FullSoftmaxHead``'s loops over class
-chunks are custom ops (:func:`~lightning_sampled.heads.chunked.chunked_softmax_sums`), so compiled
+chunks are custom ops (:func:`~lightning_sampled.ops.chunked.chunked_softmax_sums`), so compiled
 it holds one ``[B, chunk_size]`` block of logits at a time, as eagerly; traced as plain torch they
 were unrolled and inductor ran every chunk's matmul before the reductions, holding the whole
 ``[B, N]`` logits: at B = 8,192, D = 64, one thread, the compiled step's ``peak_mb`` was 882 at

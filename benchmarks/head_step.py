@@ -276,7 +276,7 @@ def head_builder(
 def mixed_precision(z: Tensor) -> AbstractContextManager:
     """Autocast to ``z``'s dtype where it is bf16 / fp16, as Lightning's ``"bf16-mixed"`` runs
     a head: our heads' products run in fp32 for half-precision inputs outside autocast
-    (``heads/chunked.py``: ``compute_dtype``), while the peers take the half-precision tensors as
+    (``ops/chunked.py``: ``compute_dtype``), while the peers take the half-precision tensors as
     they are."""
     half = z.dtype in (torch.bfloat16, torch.float16)
     return torch.autocast(z.device.type, dtype=z.dtype) if half else nullcontext()

@@ -3,9 +3,9 @@
 ``torch.unique``: no host sync on a GPU, no graph break under ``torch.compile``) against the
 same step with the distinct targets of ``torch.unique`` (``[T, U]`` logits).
 
-The head finds its candidates by :func:`lightning_sampled.heads.in_batch.batch_candidates`:
+The head finds its candidates by :func:`lightning_sampled.ops.in_batch.batch_candidates`:
 with ``in_batch_candidates="auto"``, sorted on a GPU and under ``torch.compile`` up to
-:data:`~lightning_sampled.heads.in_batch.FIXED_SHAPE_POSITIONS` positions, distinct elsewhere.
+:data:`~lightning_sampled.ops.in_batch.FIXED_SHAPE_POSITIONS` positions, distinct elsewhere.
 Here both builders run at every ``T`` (``--positions``), forced by ``in_batch_candidates=
 "sorted"`` and ``"distinct"`` on two heads with the same initial table, on ``T`` targets drawn
 from a Zipf law over
@@ -33,7 +33,7 @@ import argparse
 import torch
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.heads.in_batch import FIXED_SHAPE_POSITIONS
+from lightning_sampled.ops.in_batch import FIXED_SHAPE_POSITIONS
 
 from ._shapes import head_step, zipf_batch
 from .common import add_timing_arguments, make_parser, medians_against, run_and_write, timed_rounds

@@ -75,8 +75,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_sampled.heads import FullSoftmaxHead, OutputHead, SampledSoftmaxHead
-from lightning_sampled.heads.losses import CONVENTIONS
 from lightning_sampled.metrics import evaluate_ranking
+from lightning_sampled.ops.conventions import SAMPLED_CONVENTIONS as CONVENTIONS
 from lightning_sampled.samplers import (
     MIDXSampler,
     MixtureSampler,

@@ -9,10 +9,10 @@ heads do (``reduction="mean" | "sum" | "none"``; ``ignore_index`` may be any int
 included, as in ``F.cross_entropy``, where a head, which owns its class ids, refuses one in
 ``[0, N)``), and take several positives per position
 (``target`` ``[..., P]``, ``positives="each" | "soft_labels"``,
-:data:`~lightning_sampled.heads.losses.POSITIVE_FORMS`); the sampled loss applies the same
+:data:`~lightning_sampled.ops.losses.POSITIVE_FORMS`); the sampled loss applies the same
 conventions, logQ correction and hard-negative mining as
 :class:`~lightning_sampled.heads.SampledSoftmaxHead` through the functions both call
-(:mod:`lightning_sampled.heads.losses`, :mod:`lightning_sampled.heads.inputs`).
+(:mod:`lightning_sampled.ops.losses`, :mod:`lightning_sampled.ops.inputs`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from ._validation import check_label_smoothing, check_positive_int
-from .heads.chunked import chunked_nll, gathered_logits, resolve_chunk_size
-from .heads.inputs import (
+from .ops.chunked import chunked_nll, gathered_logits, resolve_chunk_size
+from .ops.inputs import (
     ScoredPositives,
     check_reduction,
     given_negatives,
@@ -32,7 +32,7 @@ from .heads.inputs import (
     scored_positions,
     scored_positives,
 )
-from .heads.losses import (
+from .ops.losses import (
     check_positive_form,
     exact_multi_positive_losses,
     sampled_multi_positive_losses,
@@ -77,7 +77,7 @@ def sampled_softmax_loss(
             (:class:`~lightning_sampled.heads.SampledSoftmaxHead`).
         num_hard_negatives: keep each position's ``k`` highest corrected negatives.
         positives: ``None`` (one positive per position), ``"each"`` or ``"soft_labels"``
-            (:func:`~lightning_sampled.heads.losses.sampled_multi_positive_losses`; a
+            (:func:`~lightning_sampled.ops.losses.sampled_multi_positive_losses`; a
             position's loss is the mean over its positives).
         sample_weight: optional non-negative ``[...]`` (one per position).
         ignore_index: the target of positions (or absent positives) to skip.
@@ -138,7 +138,7 @@ def full_softmax_loss(
     ``[T, N]`` logits, and equal to ``F.cross_entropy`` of those logits (with
     ``label_smoothing``, ``ignore_index``, and the weights and ``reduction`` of
     :func:`sampled_softmax_loss`). With ``positives`` (``target`` ``[..., P]``), the exact
-    objective of that form (:func:`~lightning_sampled.heads.losses.exact_multi_positive_losses`),
+    objective of that form (:func:`~lightning_sampled.ops.losses.exact_multi_positive_losses`),
     without label smoothing.
 
     Returns:

@@ -21,18 +21,8 @@ from .._validation import (
     check_positive_int,
 )
 from ..inference.adaptive_softmax import AdaptiveResult, AdaptiveSoftmax
-from ..optim.growth import grow_state_rows
-from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
-from ..sharding import ShardMap, whole_rows, whole_rows_on_first_rank
-from ..sharding.collectives import (
-    all_reduce_sum,
-    as_process_group,
-    check_same_on_every_rank,
-    is_distributed,
-    world_and_rank,
-)
-from . import chunked
-from .chunked import (
+from ..ops import chunked
+from ..ops.chunked import (
     chunk_logits,
     chunked_nll,
     chunked_topk,
@@ -45,7 +35,7 @@ from .chunked import (
     unit_rows,
     widened,
 )
-from .inputs import (
+from ..ops.inputs import (
     ScoredPositives,
     check_k,
     check_queries,
@@ -56,7 +46,17 @@ from .inputs import (
     scored_positions,
     scored_positives,
 )
-from .losses import check_positive_form, exact_multi_positive_losses
+from ..ops.losses import check_positive_form, exact_multi_positive_losses
+from ..optim.growth import grow_state_rows
+from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
+from ..sharding import ShardMap, whole_rows, whole_rows_on_first_rank
+from ..sharding.collectives import (
+    all_reduce_sum,
+    as_process_group,
+    check_same_on_every_rank,
+    is_distributed,
+    world_and_rank,
+)
 from .sharded import sharded_embed, sharded_nll, sharded_topk
 from .table_init import fill_new_rows, new_table, new_table_seed, seeded_rows
 
@@ -71,7 +71,7 @@ class OutputHead(nn.Module):
 
     Scores: the logit of class ``c`` for a query ``z`` is ``q . v_c + b_c`` with
     ``q = normalize(z) / temperature`` (:meth:`score_queries`) and ``v_c = normalize(w_c)``
-    (:func:`~lightning_sampled.heads.chunked.scored_rows`), where ``normalize`` divides by the L2
+    (:func:`~lightning_sampled.ops.chunked.scored_rows`), where ``normalize`` divides by the L2
     norm only when ``normalize=True``; the bias is not scaled. Every path uses these two
     transforms: the training losses (through :meth:`class_rows` and the exact chunked
     cross-entropy), :meth:`logits`, :meth:`log_prob`, :meth:`full_loss` and :meth:`topk`. The
@@ -442,7 +442,7 @@ class OutputHead(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Validates ``z`` ``[..., D]`` and ``target`` ``[...]`` and keeps the scored positions
         (all of them, ignored ones with a stand-in target, with ``static`` under
-        ``torch.compile``: :func:`~lightning_sampled.heads.inputs.scored_positions`).
+        ``torch.compile``: :func:`~lightning_sampled.ops.inputs.scored_positions`).
 
         Returns:
             ``(queries [T, D], target_valid [T], mask [...])`` where ``mask`` marks the positions
@@ -470,7 +470,7 @@ class OutputHead(nn.Module):
         reduction: str = "mean",
     ) -> Tensor | None:
         """``sample_weight`` ``[...]`` of the positions ``mask`` kept by :meth:`_valid_rows`:
-        fp32 ``[T]`` or ``None`` (:func:`~lightning_sampled.heads.inputs.position_weights`;
+        fp32 ``[T]`` or ``None`` (:func:`~lightning_sampled.ops.inputs.position_weights`;
         weights 0 everywhere are refused under the ``"mean"`` reduction only)."""
         return position_weights(
             sample_weight,
@@ -550,7 +550,7 @@ class OutputHead(nn.Module):
             ``[T, M]`` fp32 logits.
 
         Per-query candidates are gathered a block of positions at a time
-        (:func:`~lightning_sampled.heads.chunked.positions_per_gather`: at most
+        (:func:`~lightning_sampled.ops.chunked.positions_per_gather`: at most
         ``MAX_BLOCK_ELEMENTS`` gathered entries), each block under activation checkpointing when
         gradients are on, so that the ``[T, M, D]`` vectors (418 MB at a language model's 4,088
         positions, 100 draws and D = 256) and their gradient are never held whole: the block is
@@ -673,7 +673,7 @@ class OutputHead(nn.Module):
 
         ``reduction``: ``"mean"`` (the weighted mean, a scalar), ``"sum"`` (the weighted sum, a
         scalar) or ``"none"`` (the weighted losses in the shape of ``target``, 0 where ignored;
-        :func:`~lightning_sampled.heads.inputs.reduce_losses`). Differentiable; ``0`` (still
+        :func:`~lightning_sampled.ops.inputs.reduce_losses`). Differentiable; ``0`` (still
         attached to the graph) if every position is ignored, where ``F.cross_entropy`` would
         return NaN.
 
@@ -696,12 +696,12 @@ class OutputHead(nn.Module):
     ) -> tuple[ScoredPositives, Tensor, Tensor | None]:
         """Checks a call with several positives per position (``target`` ``[..., P]``, distinct
         class ids or ``ignore_index``; ``positives`` one of
-        :data:`~lightning_sampled.heads.losses.POSITIVE_FORMS`) and keeps the positions with a
+        :data:`~lightning_sampled.ops.losses.POSITIVE_FORMS`) and keeps the positions with a
         positive: ``(positions, their queries [T, D] as scored, their weights [T] or None)``.
 
         Raises:
             ValueError: the table is split across ranks, or the checks of
-                :func:`~lightning_sampled.heads.inputs.scored_positives`.
+                :func:`~lightning_sampled.ops.inputs.scored_positives`.
         """
         check_reduction(reduction)
         check_positive_form(positives)
@@ -727,7 +727,7 @@ class OutputHead(nn.Module):
         positives: str,
     ) -> Tensor:
         """The exact loss of several positives per position (``target`` ``[..., P]``):
-        :func:`~lightning_sampled.heads.losses.exact_multi_positive_losses` with ``log Z`` from
+        :func:`~lightning_sampled.ops.losses.exact_multi_positive_losses` with ``log Z`` from
         the chunked cross-entropy of each position's first positive, reduced as
         :meth:`full_loss` says."""
         kept, queries, weights = self.several_positives(

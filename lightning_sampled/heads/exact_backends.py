@@ -1,9 +1,9 @@
 """The implementations :class:`~lightning_sampled.heads.FullSoftmaxHead` can compute its exact
 cross-entropy with, and which one ``backend="auto"`` picks.
 
-- ``"torch"``: :func:`~lightning_sampled.heads.chunked.chunked_nll`, plain torch in class chunks
+- ``"torch"``: :func:`~lightning_sampled.ops.chunked.chunked_nll`, plain torch in class chunks
   (every device, every option, fp64 included).
-- ``"triton"``: :func:`~lightning_sampled.heads.fused.fused_nll`, the fused Triton passes (CUDA;
+- ``"triton"``: :func:`~lightning_sampled.ops.fused.fused_nll`, the fused Triton passes (CUDA;
   CPU only under Triton's interpreter), every option; products in bf16, fp16 or fp32 (fp64
   products take the torch path: Triton's dot does not compile fp64 for Hopper).
 - ``"cut_cross_entropy"``: a hand-off to Cut Cross-Entropy (``pip install cut-cross-entropy``),
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .chunked import compute_dtype
+from ..ops.chunked import compute_dtype
 
 #: the values of ``FullSoftmaxHead(backend=...)``
 EXACT_BACKENDS = ("auto", "torch", "triton", "cut_cross_entropy", "linear_cross_entropy")
@@ -122,7 +122,7 @@ def handoff_nll(
     target: Tensor,
 ) -> Tensor:
     """Per-row exact cross-entropy ``[T]`` (fp32) by the peer ``backend`` names, its matmuls in
-    :func:`~lightning_sampled.heads.chunked.compute_dtype` of ``z``."""
+    :func:`~lightning_sampled.ops.chunked.compute_dtype` of ``z``."""
     dtype = compute_dtype(z)
     if backend == "cut_cross_entropy" and z.is_cuda and dtype not in CCE_CUDA_DTYPES:
         raise ValueError(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..ops.fused import fused_nll
 from .base import OutputHead
 from .exact_backends import check_exact_backend, handoff_nll, resolve_backend
-from .fused import fused_nll
 
 
 class FullSoftmaxHead(OutputHead):

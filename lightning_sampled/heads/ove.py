@@ -20,8 +20,8 @@ from torch import Tensor
 from .._class_ids import padding_to_rank, skip_padding
 from .._random import rand, randint
 from .._validation import check_positive_int
+from ..ops.chunked import class_chunks
 from ..samplers import Sampler
-from .chunked import class_chunks
 from .proposal import ProposalHead
 
 

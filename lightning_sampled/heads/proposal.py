@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..ops.chunked import scored_rows
+from ..ops.inputs import check_reduction, nothing_scored, reduce_losses
 from ..samplers import Sampler, UniformSampler
 from .base import OutputHead
-from .chunked import scored_rows
-from .inputs import check_reduction, nothing_scored, reduce_losses
 
 
 class ProposalHead(OutputHead, abc.ABC):
@@ -134,7 +134,7 @@ class ProposalHead(OutputHead, abc.ABC):
                 :meth:`proposal_loss`) or ``"none"`` (the weighted losses in the shape of
                 ``target``, 0 where ignored, with :meth:`proposal_loss` shared among the scored
                 positions in proportion to their weights, so that they sum to ``"sum"``'s loss;
-                :func:`~lightning_sampled.heads.inputs.reduce_losses`).
+                :func:`~lightning_sampled.ops.inputs.reduce_losses`).
             positives: several positives per position, where the head takes them
                 (:class:`~lightning_sampled.heads.SampledSoftmaxHead`); refused here.
 

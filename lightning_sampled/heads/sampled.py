@@ -2,46 +2,27 @@
 
 **The default configuration** is ``convention="corrected_all"`` with the batch's other targets as
 further negatives (``in_batch_negatives="auto"``, mixed negative sampling, below), whatever the
-proposal. Issue 31's grid (``benchmarks/results/estimator_grid/estimator_grid.md``: PTB in the
-MIDX paper's Table 4 setting, GCIDE, MovieLens-1M SASRec and GRU4Rec, each with uniform, unigram
-and MIDX-rq negatives, per query and shared) found each fixed convention a trap somewhere:
-``"exact_positive"`` runs away on Zipfian targets with few negatives (PTB: up to 204x the full
-softmax's test perplexity), ``"corrected_all"`` alone loses 3.5-6.4% NDCG@10 on MovieLens with
-uniform negatives per query and gives 2.6-5.7x the full softmax's perplexity on PTB with
-negatives shared by the batch. With the batch's targets added it is the best configuration of
-every cell measured; test perplexity (NDCG@10 for the recommenders; uniform negatives unless
-named):
+proposal. Issue 31's grid (PTB in the MIDX paper's Table 4 setting, GCIDE, MovieLens-1M SASRec
+and GRU4Rec, each with uniform, unigram and MIDX-rq negatives, per query and shared) found each
+fixed convention a trap somewhere: ``"exact_positive"`` runs away on Zipfian targets with few
+negatives, ``"corrected_all"`` alone loses a few percent NDCG@10 on MovieLens with uniform
+negatives per query and is far from the full softmax on PTB with negatives shared by the batch;
+with the batch's targets added it was the best configuration of every cell measured. The
+measurements are in ``benchmarks/results/estimator_grid/estimator_grid.md`` and the README's
+section "The sampled-softmax estimator and the default configuration", not here.
 
-=============================  =================  ===========================  ===============
-cell                           default            the better convention alone  full softmax
-=============================  =================  ===========================  ===============
-PTB, per query / shared        146.5 / 155.3      218.6 / 813.2                141.5
-PTB, MIDX-rq per query         145.3              151.8                        141.5
-GCIDE, per query / shared      35.9 / 38.5        107.6 / 518.6
-SASRec, per query              0.1118             0.1051                       0.1024
-GRU4Rec, per query             0.1543             0.1489                       0.1516
-=============================  =================  ===========================  ===============
+The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
+positions, which grows with the batch (``benchmarks/results/default_cost.md``: on a CPU the
+head's step alone costs from under 2x the plain head's at a language model's batch to about 20x
+at a 1M-item recommender's). ``max_in_batch_draws=K`` bounds it: the targets of ``K`` positions
+drawn at random each step are the in-batch candidates, ``K`` draws per query instead of
+``T - 1``. It is consistent but no free lunch: in issue 31's grid it kept most of the default's
+gain on the language models and lost all of it, and more, on the MovieLens-1M recommenders,
+where the ``K`` positions' targets shared by every query are a trap, as shared negatives are
+(the README's table). ``in_batch_negatives=False`` is the plain sampled softmax.
 
-On a 200,000-class catalog at equal steps (``benchmarks/large_catalog.py``) it reaches 0.98x the
-full softmax's NDCG@10 with 100 uniform or MIDX-rq negatives, where they alone reach 0.79x and
-0.90x. The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
-positions: on a CPU the head's step alone cost 1.7x the plain head's at PTB's batch (700
-positions), 2.7x at MovieLens-1M's (25,600 over 3,706 items) and 19x at a 1M-item SASRec batch
-(6,400 positions, 3,555 distinct; ``benchmarks/results/default_cost.md``), the recipes' whole
-steps 1.2-4.7x. ``max_in_batch_draws=K`` bounds it: the targets of ``K`` positions drawn at
-random each step are the in-batch candidates, ``K`` draws per query instead of ``T - 1`` (with
-``K = 256``: 1.07x the plain head's step at MovieLens-1M's batch, 1.4x at GCIDE's, 2.4x at the
-1M-item one, against 2.7x, 2.2x and 19x unbounded, measured side by side). It is consistent but
-it is no free lunch: in issue 31's grid (uniform draws per query, seed 0) it kept most of the
-default's gain on the language models (test perplexity at ``K = 256``: PTB 151.9 against 146.5,
-GCIDE 38.1 against 35.9; the plain head 218.6 and 107.6) and lost all of it, and more, on the
-MovieLens-1M recommenders (NDCG@10: SASRec 0.047 at ``K = 256`` and 0.058 at ``K = 1024``,
-GRU4Rec 0.097 at ``K = 256``, against 0.112 and 0.154 by default and 0.105 and 0.149 for the
-plain head): the ``K`` positions' targets are shared by every query, and on these recommenders
-candidates shared by the batch are a trap, as shared negatives are. ``in_batch_negatives=False``
-is the plain sampled softmax.
-
-The estimator conventions (:data:`CONVENTIONS`) differ in what they correct and mask:
+The estimator conventions (:mod:`lightning_sampled.ops.conventions`) differ in what they
+correct and mask:
 
 - ``"corrected_all"`` (the default): every logit, the positive's included, becomes
   ``o_i - log(M q_i)`` and accidental hits are kept, so the draws estimate all of ``Z`` (the
@@ -80,10 +61,11 @@ positions' targets join the negatives (mixed negative
 sampling, Yang et al. 2020; pure in-batch softmax with ``num_negatives=0``), and every candidate,
 whichever set it came from, is corrected by ``log(M q(j) + (T - 1) q_b(j))`` instead of
 ``log(M q(j))``, ``q_b`` being the targets' distribution estimated by
-:class:`~lightning_sampled.samplers.frequency.TargetFrequency` (:mod:`.in_batch`). The conventions
-apply unchanged: under ``"exact_positive"`` the positive stays uncorrected and batch candidates
-equal to the target are accidental hits. Over a split table the batch is every rank's batch,
-each rank scoring the targets it holds (:func:`.stratified.stratified_losses`).
+:class:`~lightning_sampled.samplers.frequency.TargetFrequency`
+(:mod:`lightning_sampled.ops.in_batch`). The conventions apply unchanged: under
+``"exact_positive"`` the positive stays uncorrected and batch candidates equal to the target are
+accidental hits. Over a split table the batch is every rank's batch, each rank scoring the
+targets it holds (:meth:`SampledSoftmaxHead.split_losses`).
 """
 
 from __future__ import annotations
@@ -96,30 +78,24 @@ import torch
 from torch import Tensor
 
 from .._validation import check_async, check_int, check_positive_int
-from ..samplers import Sample, Sampler
-from ..samplers.frequency import TargetFrequency
-from .in_batch import (
+from ..ops.conventions import CONVENTIONS, Convention, convention_named
+from ..ops.in_batch import (
     CANDIDATE_METHODS,
     BatchCandidates,
     DrawnPositions,
     batch_candidates,
     drawn_positions,
-    in_batch_logits,
     limited_candidates,
     log_mixture_size,
 )
-from .inputs import given_negatives, nothing_scored, reduce_losses
-from .losses import (
-    check_convention,
-    corrected_candidates,
-    corrects_positive,
-    removes_accidental_hits,
-    sampled_multi_positive_losses,
-    sampled_softmax_losses,
-    softmax_losses,
-)
+from ..ops.inputs import given_negatives, nothing_scored, reduce_losses
+from ..ops.losses import sampled_multi_positive_losses, sampled_softmax_losses, softmax_losses
+from ..samplers import Sample, Sampler
+from ..samplers.frequency import TargetFrequency
+from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
+from .negative_sources import DrawnNegatives, InBatchNegatives, NegativeSource
 from .proposal import ProposalHead
-from .stratified import stratified_losses, stratum_size
+from .stratified import held_candidates, local_logsumexp, stratum_size
 
 
 class BatchProposal(NamedTuple):
@@ -129,7 +105,7 @@ class BatchProposal(NamedTuple):
     (:meth:`TargetFrequency.log_prob`), but those ``mask`` (bool ``[T]``, or ``None``) leaves
     out. ``counted``: the batch was just counted into a moving estimate, so the floor cannot
     change it. ``positions``: the positions whose targets are the draws under
-    ``max_in_batch_draws`` (:func:`~lightning_sampled.heads.in_batch.drawn_positions`),
+    ``max_in_batch_draws`` (:func:`~lightning_sampled.ops.in_batch.drawn_positions`),
     ``None`` for every scored one."""
 
     frequency: TargetFrequency
@@ -188,15 +164,15 @@ class SampledSoftmaxHead(ProposalHead):
         target_counts: optional ``[N]`` training counts of the targets, fixing ``q_b``.
         frequency_decay: the weight of the newest step in the estimate of ``q_b``.
         in_batch_candidates: how the batch's distinct targets are found
-            (:func:`~lightning_sampled.heads.in_batch.batch_candidates`): ``"auto"`` sorts them
+            (:func:`~lightning_sampled.ops.in_batch.batch_candidates`): ``"auto"`` sorts them
             in fixed shapes on a GPU and under ``torch.compile`` up to
-            :data:`~lightning_sampled.heads.in_batch.FIXED_SHAPE_POSITIONS` positions (no host
+            :data:`~lightning_sampled.ops.in_batch.FIXED_SHAPE_POSITIONS` positions (no host
             sync, no graph break) and uses ``torch.unique`` elsewhere; ``"sorted"`` or
             ``"distinct"`` force one (over a split table the candidates are always distinct).
         max_in_batch_draws: at most this many in-batch draws per query: where more positions
             are scored (over a split table: in every rank's batch together), the targets of
             this many positions drawn at random each step are the candidates
-            (:func:`~lightning_sampled.heads.in_batch.limited_candidates`), which bounds the
+            (:func:`~lightning_sampled.ops.in_batch.limited_candidates`), which bounds the
             ``[T, U]`` block at ``[T, K]``. ``None`` (the default): every other position's.
             Measure it on your task first: it cost the recommenders of issue 31's grid more
             than it saved (module docstring).
@@ -261,7 +237,8 @@ class SampledSoftmaxHead(ProposalHead):
         #: ``K``, the most in-batch draws per query (``None``: no limit)
         self.max_in_batch_draws = self._checked_limit(max_in_batch_draws)
         self.shared_negatives = bool(shared_negatives)
-        check_convention(convention)
+        convention_named(convention)
+        #: the convention's name; :attr:`rules` is what it corrects and masks
         self.convention = convention
         #: ``M_r``, this rank's draws per query over a split table (:func:`stratum_size`)
         self.num_local_negatives = self.num_negatives
@@ -327,16 +304,16 @@ class SampledSoftmaxHead(ProposalHead):
                 ``"tensorflow"``).
             num_hard_negatives: keep only each position's ``k`` highest corrected negatives
                 (TensorFlow Recommenders' hard-negative mining; biased by design:
-                :func:`~lightning_sampled.heads.losses.hardest`).
+                :func:`~lightning_sampled.ops.losses.hardest`).
             positives: ``"each"`` or ``"soft_labels"`` with ``target`` ``[..., P]`` (distinct
                 positives, ``ignore_index`` where fewer):
-                :func:`~lightning_sampled.heads.losses.sampled_multi_positive_losses`, each
+                :func:`~lightning_sampled.ops.losses.sampled_multi_positive_losses`, each
                 position's loss the mean over its positives; not with ``in_batch_negatives``.
 
         Raises:
             ValueError: ``negatives`` with ``in_batch_negatives`` or a table split across ranks,
                 or the options of ``negatives`` without it (and the checks of
-                :func:`~lightning_sampled.heads.inputs.given_negatives`).
+                :func:`~lightning_sampled.ops.inputs.given_negatives`).
         """
         if negatives is None:
             if not (negative_log_q is None and target_log_q is None and num_hard_negatives is None):
@@ -432,7 +409,7 @@ class SampledSoftmaxHead(ProposalHead):
     def sampled_logits(self, z: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         """Corrected logits ``[T, 1 + C]`` of the scored positions: column 0 is the positive,
         then the ``M`` draws and, with ``in_batch_negatives``, the batch's distinct targets
-        (:func:`~lightning_sampled.heads.in_batch.batch_candidates`).
+        (:func:`~lightning_sampled.ops.in_batch.batch_candidates`).
 
         With ``in_batch_negatives``, a call in training mode counts ``target`` into ``q_b``.
 
@@ -445,41 +422,115 @@ class SampledSoftmaxHead(ProposalHead):
                 stand-in target, for static shapes).
         """
         batch = self.batch_proposal(target, mask) if self.in_batch_negatives else None
-        if self.num_negatives == 0:
-            pos, pos_log_q, columns = None, None, []
-        else:
-            draw, pos_log_q = self._draw(z.detach(), target)
-            pos, neg = self.target_and_candidate_logits(z, target, draw.ids)
-            columns = [self._corrected(neg, draw.ids, draw.log_q, target, batch)]
+        in_batch = None
         if batch is not None:
             candidates, own = self.in_batch_candidates_of(target, mask, batch)
-            ids = candidates.ids
-            if pos is None:
-                pos, neg = self.target_and_candidate_logits(z, target, ids)
-            else:
-                neg = self.candidate_logits(z, ids)
-            log_q = None
-            if self.num_negatives:
-                with torch.no_grad():
-                    log_q = self.sampler.log_prob(z.detach(), ids)
-            log_size = self.log_size(ids, log_q, batch)
-            columns.append(
-                in_batch_logits(neg, log_size, candidates, self.removes_accidental_hits, own)
-            )
-        if self.corrects_positive:
-            log_size = self.positive_log_size(target, pos_log_q, batch)
+            in_batch = self.in_batch_source(z, candidates.ids, candidates, own)
+        pos, columns, log_size = self.estimate(z, target, target, batch, in_batch)
+        if log_size is not None:
             if mask is not None:  # a left-out position's stand-in may have q_b = 0: keep it finite
                 log_size = log_size.where(mask, 0.0)
             pos = pos - log_size
         return torch.cat([pos[:, None], *columns], dim=1)
 
+    def split_losses(self, queries: Tensor, target: Tensor) -> Tensor:
+        """The sampled cross-entropy ``[T]`` of this rank's scored ``queries`` ``[T, D]`` and
+        global ``target`` ``[T]`` over a table split across ranks, a collective: every rank
+        estimates every rank's positions from the negatives it holds (its stratum of the draws,
+        :mod:`.stratified`, and of the batch's targets those it holds), and the log-sum-exps
+        are combined across ranks.
+
+        With ``in_batch_negatives`` the candidates are the distinct targets of every rank's batch
+        (``W T - 1`` in-batch draws per query, as cross-device negatives in contrastive
+        training), each corrected by ``log(M_r q_r(j) + (W T - 1) q_b(j))`` on the rank ``r``
+        holding it: the objective of the unsharded head on the ranks' batches together.
+        """
+        group, shard_map = self.process_group, self.shard_map
+        z, own = gather_rows(queries, group)
+        y, _ = gather_rows(target, group)
+        local_y = shard_map.local_or(y)
+        owned = local_y >= 0
+        batch = self.batch_proposal(y) if self.in_batch_negatives else None
+        in_batch = None
+        if batch is not None:
+            every, drawn = self.in_batch_candidates_of(y, None, batch, "distinct")
+            candidates = held_candidates(every, shard_map)
+            in_batch = self.in_batch_source(
+                z, shard_map.local_or(candidates.ids), candidates, drawn
+            )
+        pos, columns, log_size = self.estimate(z, local_y.clamp(min=0), local_y, batch, in_batch)
+        pos = all_reduce_sum(pos.masked_fill(~owned, 0.0), group)
+        if log_size is not None:  # the log-size of the positive on the rank s that holds it
+            pos = pos - all_reduce_sum(torch.where(owned, log_size, 0.0), group)
+        lse = combined_logsumexp(local_logsumexp(torch.cat(columns, dim=1)), group, once=pos)
+        return (lse - pos)[own]
+
+    def estimate(
+        self,
+        z: Tensor,
+        rows: Tensor,
+        hits: Tensor,
+        batch: BatchProposal | None,
+        in_batch: InBatchNegatives | None,
+    ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+        """The sampled estimate's parts over this head's rows: one loop over the negative
+        sources (:mod:`.negative_sources`), the sampler's draws and the batch's targets.
+
+        Args:
+            z: ``[T, D]`` scored queries.
+            rows: long ``[T]`` their targets' rows in this head's table (over a split table,
+                any row where another rank holds the target).
+            hits: long ``[T]`` what a drawn candidate equal to the target is: ``rows``, or
+                ``-1`` where the target is not in this head's table.
+            batch: the in-batch proposal (:meth:`batch_proposal`), ``None`` without in-batch
+                negatives.
+            in_batch: the batch's targets as negatives (:meth:`in_batch_source`), ``None``
+                without in-batch negatives.
+
+        Returns:
+            The positive's raw logit ``[T]``, each source's corrected columns ``[T, C_s]``, and
+            the positive's log-size ``[T]`` where the convention corrects it (else ``None``).
+        """
+        sources: list[NegativeSource] = []
+        positive_log_q = None
+        if self.num_local_negatives:
+            draw, positive_log_q = self._draw(z.detach(), rows)
+            sources.append(DrawnNegatives(draw.ids, draw.log_q))
+        if in_batch is not None:
+            sources.append(in_batch)
+        pos, columns = None, []
+        for source in sources:
+            if pos is None:
+                pos, logits = self.target_and_candidate_logits(z, rows, source.ids)
+            else:
+                logits = self.candidate_logits(z, source.ids)
+            log_size = self.log_size(source.ids, source.log_q, batch)
+            columns.append(source.columns(logits, log_size, self.rules, hits))
+        if not self.rules.corrects_positive:
+            return pos, columns, None
+        return pos, columns, self.positive_log_size(rows, positive_log_q, batch)
+
+    def in_batch_source(
+        self, z: Tensor, ids: Tensor, candidates: BatchCandidates, own: Tensor | None
+    ) -> InBatchNegatives:
+        """The batch's targets as a negative source for queries ``z`` ``[T, D]``: candidates
+        ``ids`` ``[U]`` (rows of this head's table), their
+        :class:`~lightning_sampled.ops.in_batch.BatchCandidates` and the positions counted in
+        them (both from :meth:`in_batch_candidates_of`), scored by the sampler where the head
+        draws too."""
+        log_q = None
+        if self.num_local_negatives:
+            with torch.no_grad():
+                log_q = self.sampler.log_prob(z.detach(), ids)
+        return InBatchNegatives(ids, candidates, own, log_q)
+
     def _draw(self, z: Tensor, target: Tensor) -> tuple[Sample, Tensor | None]:
         """The sampler's draws for queries ``z`` ``[T, D]`` and, when the positive is corrected,
         the targets' ``log q`` (``target``'s shape: ``[T]``, or ``[T, P]`` for several
         positives) from the same proposal."""
-        m, shared = self.num_negatives, self.shared_negatives
+        m, shared = self.num_local_negatives, self.shared_negatives
         with torch.no_grad():
-            if not self.corrects_positive:
+            if not self.rules.corrects_positive:
                 return self.sampler.sample(z, m, shared=shared), None
             ids = target.view(target.shape[0], -1)
             draw, log_q = self.sampler.sample_and_score(z, m, ids, shared=shared)
@@ -526,7 +577,7 @@ class SampledSoftmaxHead(ProposalHead):
         :meth:`sampled_logits`) under ``batch``'s design, found by ``method`` (default
         ``in_batch_candidates``): every scored position's target, or under
         ``max_in_batch_draws`` the drawn positions' (and bool ``[T]``, which positions were
-        drawn, for :func:`~lightning_sampled.heads.in_batch.in_batch_logits`'s ``own``)."""
+        drawn, for :func:`~lightning_sampled.ops.in_batch.in_batch_logits`'s ``own``)."""
         method = self.in_batch_candidates if method is None else method
         if batch.positions is None:
             return batch_candidates(target, mask, method), None
@@ -554,18 +605,10 @@ class SampledSoftmaxHead(ProposalHead):
         column = None if log_q is None else log_q[:, None]
         return self.log_size(target[:, None], column, batch)[:, 0]
 
-    def _corrected(
-        self,
-        logits: Tensor,
-        ids: Tensor,
-        log_q: Tensor | None,
-        target: Tensor,
-        batch: BatchProposal | None,
-    ) -> Tensor:
-        """Candidate logits ``[T, C]`` of ids ``[C]`` / ``[T, C]`` minus their log-size, with
-        accidental hits at ``-inf`` when the convention removes them."""
-        log_size = self.log_size(ids, log_q, batch)
-        return corrected_candidates(logits, ids, log_size, target, self.removes_accidental_hits)
+    @property
+    def rules(self) -> Convention:
+        """What :attr:`convention` corrects and masks (:mod:`lightning_sampled.ops.conventions`)."""
+        return CONVENTIONS[self.convention]
 
     @property
     def in_batch_setting(self) -> bool | str:
@@ -578,22 +621,12 @@ class SampledSoftmaxHead(ProposalHead):
         targets) raises: with ``in_batch_negatives=True`` asked for explicitly."""
         return self.in_batch_negatives and not self.in_batch_by_default
 
-    @property
-    def corrects_positive(self) -> bool:
-        """Whether the positive's logit is logQ-corrected (all but ``"exact_positive"``)."""
-        return corrects_positive(self.convention)
-
-    @property
-    def removes_accidental_hits(self) -> bool:
-        """Whether negatives equal to the target get ``-inf`` (all but ``"corrected_all"``)."""
-        return removes_accidental_hits(self.convention)
-
     def sampled_losses(self, queries: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         """Cross-entropy ``[T]`` of each positive among the corrected logits of
-        :meth:`sampled_logits` (over a split table: of its stratified form,
-        :func:`~lightning_sampled.heads.stratified.stratified_losses`); ``mask`` as there."""
+        :meth:`sampled_logits` (over a split table: :meth:`split_losses`); ``mask`` as
+        there."""
         if self.is_split:
-            return stratified_losses(self, queries, target)
+            return self.split_losses(queries, target)
         return softmax_losses(self.sampled_logits(queries, target, mask))
 
     def _drawn_losses(self, queries: Tensor, target: Tensor, mask: Tensor) -> Tensor:
@@ -605,7 +638,7 @@ class SampledSoftmaxHead(ProposalHead):
 
     def scores_positions_apart(self) -> bool:
         """As :meth:`ProposalHead.scores_positions_apart`, and not with ``in_batch_negatives``
-        over a split table (its candidates are found by :mod:`.stratified`, which drops the
+        over a split table (its candidates are found by :meth:`split_losses`, which drops the
         ignored positions). On a whole table the in-batch candidates leave the ignored
         positions out by their mask (:meth:`_drawn_losses`)."""
         split_batch = self.in_batch_negatives and self.is_split

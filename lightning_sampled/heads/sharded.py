@@ -7,7 +7,7 @@ function here is a collective: the ranks call it together, each with its own que
 - Exact cross-entropy (vocab-parallel): the queries and targets of every rank are gathered
   (``W T (D + 1)`` numbers), each rank scores them against its rows in class chunks, and the
   per-row log-normaliser, target logit and logit sum are combined over the ranks
-  (:class:`~lightning_sampled.heads.chunked.ChunkedCrossEntropy` with a
+  (:class:`~lightning_sampled.ops.chunked.ChunkedCrossEntropy` with a
   :class:`~lightning_sampled.sharding.collectives.RankReduction`); in backward the query
   gradients (``W T D``) are summed back. Nothing sent grows with ``N``.
 - Top-``k``: each rank's top-``k`` of every gathered query over its rows, then a merge of the
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..ops.chunked import chunked_nll, chunked_topk
 from ..sharding.collectives import RankReduction, all_reduce_max, all_reduce_sum, gather_rows
-from .chunked import chunked_nll, chunked_topk
 
 if TYPE_CHECKING:
     from .base import OutputHead

@@ -1,5 +1,9 @@
 """Sampled softmax over a class table split across ranks: negatives drawn per rank.
 
+The estimate itself is the whole table's loop over negative sources
+(:meth:`~lightning_sampled.heads.SampledSoftmaxHead.split_losses`); this module holds what the
+split adds: the draws' allocation to ranks, the candidates a rank holds and its log-sum-exp.
+
 Rank ``r`` holds the classes ``S_r`` (:class:`~lightning_sampled.sharding.ShardMap`). It draws
 ``M_r`` negatives (per query, or shared by the batch) for the queries of *every* rank from
 ``q_r``, the head's proposal restricted to ``S_r`` (``q_r(j) = q(j) / Q_r`` with
@@ -28,18 +32,13 @@ backward the query gradients (``W T D``): nothing grows with ``N``.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from ..ops.in_batch import BatchCandidates
 from ..samplers import Sampler
 from ..sharding import ShardMap
-from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
-from .in_batch import BatchCandidates, in_batch_logits
-
-if TYPE_CHECKING:
-    from .sampled import SampledSoftmaxHead
 
 
 def stratum_size(sampler: Sampler, ids: Tensor, num_negatives: int, dim: int) -> int:
@@ -63,60 +62,6 @@ def stratum_size(sampler: Sampler, ids: Tensor, num_negatives: int, dim: int) ->
     return max(1, math.ceil(round(num_negatives * mass, 9)))
 
 
-def stratified_losses(head: SampledSoftmaxHead, queries: Tensor, target: Tensor) -> Tensor:
-    """The sampled cross-entropy ``[T]`` of this rank's scored ``queries`` ``[T, D]`` and global
-    ``target`` ``[T]`` under the stratified design (module docstring); a collective.
-
-    With ``in_batch_negatives`` the candidates also include the distinct targets of every rank's
-    batch that this rank holds (``W T - 1`` in-batch draws per query, as cross-device negatives
-    in contrastive training), and every candidate ``j`` held by rank ``r`` is corrected by
-    ``log(M_r q_r(j) + (W T - 1) q_b(j))``, the balance heuristic of the two designs
-    (:mod:`.in_batch`): the objective of the unsharded head on the ranks' batches together.
-    """
-    group, shard_map, m = head.process_group, head.shard_map, head.num_local_negatives
-    z, own = gather_rows(queries, group)
-    y, _ = gather_rows(target, group)
-    local_y = shard_map.local_or(y)
-    owned = local_y >= 0
-    held_y = local_y.clamp(min=0)
-    batch = head.batch_proposal(y) if head.in_batch_negatives else None
-    columns, pos = [], None
-    if m:
-        with torch.no_grad():
-            draw = head.sampler.sample(z.detach(), m, shared=head.shared_negatives)
-        pos, neg = head.target_and_candidate_logits(z, held_y, draw.ids)
-        log_size = head.log_size(draw.ids, draw.log_q, batch)
-        neg = neg - log_size
-        if head.removes_accidental_hits:
-            neg = neg.masked_fill(draw.ids.expand_as(neg) == local_y[:, None], -math.inf)
-        columns.append(neg)
-    if batch is not None:
-        every, drawn = head.in_batch_candidates_of(y, None, batch, "distinct")
-        candidates = held_candidates(every, shard_map)
-        ids = shard_map.local_or(candidates.ids)
-        if pos is None:
-            pos, neg = head.target_and_candidate_logits(z, held_y, ids)
-        else:
-            neg = head.candidate_logits(z, ids)
-        log_q = None
-        if m:
-            with torch.no_grad():
-                log_q = head.sampler.log_prob(z.detach(), ids)
-        log_size = head.log_size(ids, log_q, batch)
-        columns.append(
-            in_batch_logits(neg, log_size, candidates, head.removes_accidental_hits, drawn)
-        )
-    pos = all_reduce_sum(pos.masked_fill(~owned, 0.0), group)
-    if head.corrects_positive:  # by the log-size of the positive on the rank s that holds it
-        with torch.no_grad():
-            log_q = head.sampler.log_prob(z.detach(), held_y[:, None])[:, 0] if m else None
-            log_size = head.positive_log_size(held_y, log_q, batch)
-            log_size = all_reduce_sum(torch.where(owned, log_size, 0.0), group)
-        pos = pos - log_size
-    lse = combined_logsumexp(local_logsumexp(torch.cat(columns, dim=1)), group, once=pos)
-    return (lse - pos)[own]
-
-
 def local_logsumexp(logits: Tensor) -> Tensor:
     """``logsumexp`` ``[T]`` of a rank's candidate logits ``[T, C]``: ``-inf``, with gradient 0,
     for a row whose every candidate here is ``-inf`` (this rank holds none of its candidates but
@@ -131,7 +76,7 @@ def held_candidates(every: BatchCandidates, shard_map: ShardMap) -> BatchCandida
     """Of the distinct targets ``every`` of every rank's batch (global ids), those this rank
     holds, with their multiplicities; ``column`` is ``-1`` for a position whose own target is
     not among them (held elsewhere, or not drawn:
-    :func:`~lightning_sampled.heads.in_batch.in_batch_logits` then leaves it)."""
+    :func:`~lightning_sampled.ops.in_batch.in_batch_logits` then leaves it)."""
     held = shard_map.owner(every.ids) == shard_map.rank
     index = torch.cumsum(held, dim=0) - 1
     listed = every.column >= 0

@@ -21,8 +21,9 @@ from torch import Tensor
 from .._class_ids import skip_padding
 from .._deprecation import renamed_attribute, take_renamed, warn_renamed
 from .._validation import check_finite_number, check_positive_int
+from ..ops.conventions import CONVENTIONS, TAPAS_CONVENTIONS, Convention, convention_named
+from ..ops.losses import softmax_losses
 from ..samplers import Sampler
-from .losses import softmax_losses
 from .proposal import ProposalHead
 
 # The first pass gives up (with an error) after this many draws per drawable class.
@@ -154,16 +155,6 @@ def first_k_distinct(uniq: Tensor, inverse: Tensor, k: int) -> FirstPass:
     return FirstPass(uniq[inside], exposures, float(kth) + 1.0)
 
 
-#: TAPAS' corrections for its first pass, by name: whether the negatives are corrected by their
-#: log inclusion probability, and whether negatives equal to a query's target get ``-inf``.
-CONVENTIONS = {
-    "uncorrected": (False, True),
-    "exact_positive": (True, True),
-    "corrected_all": (True, False),
-    "uncorrected_with_hits": (False, False),
-}
-
-
 class TapasHead(ProposalHead):
     """Sampled softmax over ``n`` negatives chosen by TAPAS' two passes, shared by the batch.
 
@@ -177,7 +168,7 @@ class TapasHead(ProposalHead):
     ``temperature``, ``normalize`` and ``bias``).
 
     Loss: cross-entropy of the positive among itself and the ``n`` negatives, as ``convention``
-    says (:data:`CONVENTIONS`):
+    says (:data:`~lightning_sampled.ops.conventions.TAPAS_CONVENTIONS`):
 
     - ``"uncorrected"`` (default, the paper's): no correction; negatives equal to a query's target
       get ``-inf`` for that query.
@@ -211,7 +202,7 @@ class TapasHead(ProposalHead):
             Classes are assigned to shards by a random balanced partition made at construction
             (a buffer, saved in checkpoints); each shard contributes its top ``n / m`` candidates
             (all of them if it holds fewer).
-        convention: one of :data:`CONVENTIONS` (above).
+        convention: one of :data:`~lightning_sampled.ops.conventions.TAPAS_CONVENTIONS` (above).
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size`` (which also chunks the second
             pass), ``temperature`` (of the logits, as on every head), ``normalize`` and
@@ -270,21 +261,18 @@ class TapasHead(ProposalHead):
         else:
             shard_of = None
         self.register_buffer("shard_of", shard_of, persistent=True)
-        if convention not in CONVENTIONS:
-            raise ValueError(f"convention must be one of {tuple(CONVENTIONS)}, got {convention!r}")
+        convention_named(convention, TAPAS_CONVENTIONS)
+        #: the convention's name; :attr:`rules` is what it corrects and masks
         self.convention = convention
 
     presampler = renamed_attribute("presampler", "sampler")
 
     @property
-    def corrects_first_pass(self) -> bool:
-        """Whether the negatives are corrected by their log inclusion probability."""
-        return CONVENTIONS[self.convention][0]
-
-    @property
-    def removes_accidental_hits(self) -> bool:
-        """Whether negatives equal to a query's target get ``-inf`` for that query."""
-        return CONVENTIONS[self.convention][1]
+    def rules(self) -> Convention:
+        """What :attr:`convention` corrects and masks
+        (:mod:`lightning_sampled.ops.conventions`): the negatives' correction is their log
+        inclusion probability in the first pass."""
+        return CONVENTIONS[self.convention]
 
     @property
     def selection_temperature(self) -> float:
@@ -350,21 +338,20 @@ class TapasHead(ProposalHead):
         selection = self.select_negatives(z.detach())
         ids = selection.negatives
         pos, neg = self.target_and_candidate_logits(z, target, ids)
-        pos = pos[:, None]
-        if self.corrects_first_pass:
-            first_pass = selection.first_pass
-            with torch.no_grad():
-                neg_log_q = self.sampler.log_prob(z.detach(), ids)
-                neg_log_pi = first_pass.log_inclusion(ids, neg_log_q)
-                if not self.removes_accidental_hits:
-                    pos_log_q = self.sampler.log_prob(z.detach(), target[:, None])
-                    pos_log_pi = first_pass.log_inclusion(target[:, None], pos_log_q)
-            neg = neg - neg_log_pi
-            if not self.removes_accidental_hits:
-                pos = pos - pos_log_pi
-        if self.removes_accidental_hits:
-            neg = neg.masked_fill(ids == target[:, None], -math.inf)
-        return torch.cat([pos, neg], dim=1)
+        rules = self.rules
+        neg = rules.negatives(neg, ids, self._log_inclusion(selection, z, ids), target)
+        if rules.corrects_positive:
+            pos = rules.positive(pos, self._log_inclusion(selection, z, target[:, None])[:, 0])
+        return torch.cat([pos[:, None], neg], dim=1)
+
+    def _log_inclusion(self, selection: TapasSelection, z: Tensor, ids: Tensor) -> Tensor:
+        """The first pass' log inclusion probability of class ids ``[C]`` or ``[T, 1]``
+        (queries ``z`` ``[T, D]``), or ``0`` where the convention corrects nothing."""
+        if not self.rules.corrects_negatives:
+            return ids.new_zeros((), dtype=torch.float32)
+        with torch.no_grad():
+            log_q = self.sampler.log_prob(z.detach(), ids)
+            return selection.first_pass.log_inclusion(ids, log_q)
 
     def extra_repr(self) -> str:
         return (
@@ -412,6 +399,11 @@ def _old_corrections(options: dict[str, Any], convention: str) -> str:
         bool(options.pop("logq_correction", False)),
         bool(options.pop("remove_accidental_hits", True)),
     )
-    name = next(key for key, value in CONVENTIONS.items() if value == switches)
+    name = next(
+        name
+        for name in TAPAS_CONVENTIONS
+        if (CONVENTIONS[name].corrects_negatives, CONVENTIONS[name].removes_accidental_hits)
+        == switches
+    )
     warn_renamed(f"TapasHead({'=..., '.join(old)}=...)", f"convention={name!r}")
     return name

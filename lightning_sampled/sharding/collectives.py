@@ -175,7 +175,7 @@ def check_same_on_every_rank(values: dict[str, object], what: str, group=None) -
 
 class RankReduction:
     """What turns sums over one rank's classes into sums over all classes: the exact
-    cross-entropy over a sharded table (:class:`~lightning_sampled.heads.chunked
+    cross-entropy over a sharded table (:class:`~lightning_sampled.ops.chunked
     .ChunkedCrossEntropy`) computes its per-row log-normaliser, target logit and logit sum over
     the local rows, then combines them here, outside autograd (its backward reduces the incoming
     gradient with :meth:`sum_` instead).

@@ -148,10 +148,10 @@ def test_training_loss_compiles_without_graph_breaks(name):
     [
         # the backward of the unit class vectors calls torch.autograd.grad, which dynamo does
         # not trace: the chunked cross-entropy runs eagerly between two graphs
-        ("full_cosine", {"heads/chunked.py"}),
+        ("full_cosine", {"ops/chunked.py"}),
         # ignored positions are dropped (the second pass scores the whole batch, so they cannot
         # stay in, weighted 0), and the first pass draws until K + 1 distinct classes turn up
-        ("tapas", {"heads/inputs.py", "heads/tapas.py"}),
+        ("tapas", {"ops/inputs.py", "heads/tapas.py"}),
     ],
 )
 def test_where_the_other_heads_still_break(name, where):

@@ -107,7 +107,7 @@ def target_counts(n: int) -> torch.Tensor:
 
 
 CANE = ("label_smoothing", "normalize")
-DROPS = "drops ignored positions (heads/inputs.py: nonzero)"
+DROPS = "drops ignored positions (ops/inputs.py: nonzero)"
 CANE_BREAKS = f"{DROPS}; its tree cache compares data pointers (heads/cane.py)"
 
 # fmt: off

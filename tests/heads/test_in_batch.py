@@ -8,7 +8,7 @@ import torch
 from fake_samplers import Stream, restart_draws
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.heads.in_batch import (
+from lightning_sampled.ops.in_batch import (
     FIXED_SHAPE_POSITIONS,
     batch_candidates,
     distinct_candidates,

@@ -9,11 +9,11 @@ from fake_samplers import PerQueryOnly, Stream, restart_draws
 from precision_checks import assert_scored_like_fp32
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.heads.losses import CONVENTIONS
+from lightning_sampled.ops.conventions import SAMPLED_CONVENTIONS
 from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 
-@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("convention", SAMPLED_CONVENTIONS)
 def test_corrected_logits_follow_the_convention(convention):
     torch.manual_seed(0)
     n, d = 11, 5

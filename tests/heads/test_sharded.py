@@ -131,18 +131,28 @@ def make_head(kind: str, options: dict, sharded: bool):
 
 
 class Recorder:
-    """Wraps a head's sampler and keeps each draw as global ids with their ``log q``."""
+    """Wraps a head's sampler and keeps each draw as global ids with their ``log q``, whether
+    the head draws alone (``sample``) or with its positives' scores (``sample_and_score``)."""
 
     def __init__(self, head) -> None:
         self.head, self.draws = head, []
-        sample = head.sampler.sample
+        sample, sample_and_score = head.sampler.sample, head.sampler.sample_and_score
+
+        def keep(draw, m):
+            self.draws.append((head.shard_ids[draw.ids], draw.log_q, m))
 
         def recorded(z, m, **kwargs):
             draw = sample(z, m, **kwargs)
-            self.draws.append((head.shard_ids[draw.ids], draw.log_q, m))
+            keep(draw, m)
             return draw
 
+        def recorded_with_scores(z, m, ids, **kwargs):
+            draw, log_q = sample_and_score(z, m, ids, **kwargs)
+            keep(draw, m)
+            return draw, log_q
+
         head.sampler.sample = recorded
+        head.sampler.sample_and_score = recorded_with_scores
 
 
 def run_case(kind: str, options: dict, rank: int) -> dict:

@@ -2,7 +2,7 @@
 :mod:`lightning_sampled.kernels.linear_cross_entropy`: the forward never writes a logit, the
 backward one ``[T, C]`` block of logit gradients per class chunk.
 
-Same inputs, outputs and semantics as :class:`~lightning_sampled.heads.chunked.ChunkedCrossEntropy`
+Same inputs, outputs and semantics as :class:`~lightning_sampled.ops.chunked.ChunkedCrossEntropy`
 (label smoothing over the classes other than ``padding_idx``, cosine scores with ``normalize``,
 fp32 log-normalisers), with the matmuls of the two products that use the logit gradients
 (``dz = G W`` and ``dW = G^T z``) left to cuBLAS. Each class's gradient row is complete within its
@@ -39,7 +39,7 @@ def fused_chunk_size(chunk_size: int | None, num_rows: int, num_classes: int) ->
 
 def inverse_norms(weight: Tensor) -> Tensor:
     """fp32 ``[N]`` ``1 / max(||w_c||, 1e-12)``: the factors that turn ``z . w_c`` into
-    ``z . unit_rows(w)_c`` (:func:`~lightning_sampled.heads.chunked.unit_rows`' ``eps``), the
+    ``z . unit_rows(w)_c`` (:func:`~lightning_sampled.ops.chunked.unit_rows`' ``eps``), the
     norms taken in fp32 (fp64 for an fp64 table), without a widened copy of the table."""
     wide = torch.promote_types(weight.dtype, torch.float32)
     norms = torch.linalg.vector_norm(weight.detach(), dim=1, dtype=wide)
@@ -122,7 +122,7 @@ def fused_nll(
     label_smoothing: float = 0.0,
 ) -> Tensor:
     """Exact per-row (label-smoothed) cross-entropy ``[T]`` (fp32) by :class:`FusedCrossEntropy`;
-    the arguments of :func:`~lightning_sampled.heads.chunked.chunked_nll`, except that
+    the arguments of :func:`~lightning_sampled.ops.chunked.chunked_nll`, except that
     ``chunk_size`` may be ``None`` (:func:`fused_chunk_size`)."""
     return FusedCrossEntropy.apply(
         z, weight, bias, target, chunk_size, padding_idx, normalize, label_smoothing

@@ -1,7 +1,7 @@
 """The sampled softmax on logits, shared by :class:`~lightning_sampled.heads.SampledSoftmaxHead`
 and :func:`lightning_sampled.functional.sampled_softmax_loss`: the logQ correction of candidate
-logits, the conventions (:data:`CONVENTIONS`, described in :mod:`.sampled`), hard-negative mining
-and the cross-entropy of the positive among its candidates."""
+logits under a convention (:mod:`.conventions`), hard-negative mining and the cross-entropy of
+the positive among its candidates."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from .._validation import check_positive_int
+from .conventions import convention_named
 
-CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 #: the objectives of a position with several positives ``S`` (``positives=``):
 #: ``"each"``, one softmax per positive ``p`` over ``p`` and the classes outside ``S`` (the other
 #: positives are neither negatives nor accidental hits; sequential recommendation's form);
@@ -21,39 +21,10 @@ CONVENTIONS = ("exact_positive", "corrected_all", "tensorflow")
 POSITIVE_FORMS = ("each", "soft_labels")
 
 
-def check_convention(convention: str) -> None:
-    """Checks that ``convention`` is one of :data:`CONVENTIONS`."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
-
-
 def check_positive_form(positives: str) -> None:
     """Checks that ``positives`` is one of :data:`POSITIVE_FORMS`."""
     if positives not in POSITIVE_FORMS:
         raise ValueError(f"positives must be one of {POSITIVE_FORMS} or None, got {positives!r}")
-
-
-def corrects_positive(convention: str) -> bool:
-    """Whether ``convention`` logQ-corrects the positive's logit (all but ``"exact_positive"``)."""
-    return convention != "exact_positive"
-
-
-def removes_accidental_hits(convention: str) -> bool:
-    """Whether ``convention`` gives negatives equal to the target ``-inf`` (all but
-    ``"corrected_all"``)."""
-    return convention != "corrected_all"
-
-
-def corrected_candidates(
-    logits: Tensor, ids: Tensor, log_size: Tensor, target: Tensor, remove_hits: bool
-) -> Tensor:
-    """Candidate logits ``[T, C]`` minus their log-size ``log(M q)`` (``log_size``, broadcast to
-    ``[T, C]``), with the candidates ``ids`` (``[C]`` shared or ``[T, C]``) equal to the row's
-    ``target`` ``[T]`` at ``-inf`` when ``remove_hits``."""
-    logits = logits - log_size
-    if remove_hits:
-        logits = logits.masked_fill(ids.expand_as(logits) == target[:, None], -math.inf)
-    return logits
 
 
 def hardest(logits: Tensor, num_hard_negatives: int | None) -> Tensor:
@@ -97,25 +68,19 @@ def sampled_softmax_losses(
         num_hard_negatives: keep only this many negatives per position, the largest corrected
             logits (:func:`hardest`); ``None`` keeps all.
     """
-    check_convention(convention)
+    rules = convention_named(convention)
     if num_hard_negatives is not None:
         check_positive_int("num_hard_negatives", num_hard_negatives)
     log_m = math.log(candidates.shape[-1])
-    negatives = corrected_candidates(
-        candidate_logits,
-        candidates,
-        log_m + candidate_log_q,
-        target,
-        removes_accidental_hits(convention),
-    )
+    negatives = rules.negatives(candidate_logits, candidates, log_m + candidate_log_q, target)
     negatives = hardest(negatives, num_hard_negatives)
-    if corrects_positive(convention):
+    if rules.corrects_positive:
         if target_log_q is None:
             raise ValueError(
                 f"convention={convention!r} corrects the positive's logit by log(M q_y): give "
                 "target_log_q, the targets' log-probability under the proposal"
             )
-        target_logits = target_logits - (log_m + target_log_q)
+        target_logits = rules.positive(target_logits, log_m + target_log_q)
     return softmax_losses(torch.cat([target_logits[:, None], negatives], dim=1))
 
 
@@ -177,7 +142,7 @@ def sampled_multi_positive_losses(
         positives: one of :data:`POSITIVE_FORMS`.
         target_log_q: ``[T, P]`` the positives' ``log q``, for the conventions that correct them.
     """
-    check_convention(convention)
+    rules = convention_named(convention)
     check_positive_form(positives)
     if num_hard_negatives is not None:
         check_positive_int("num_hard_negatives", num_hard_negatives)
@@ -186,13 +151,13 @@ def sampled_multi_positive_losses(
     ids = candidates.expand_as(negatives)
     same = ids[:, None, :] == targets[:, :, None]  # [T, P, M]: negative m is positive p
     of_any = (same & present[:, :, None]).any(dim=1)  # [T, M]: negative m is a positive
-    if corrects_positive(convention):
+    if rules.corrects_positive:
         if target_log_q is None:
             raise ValueError(
                 f"convention={convention!r} corrects the positives' logits: give target_log_q"
             )
-        target_logits = target_logits - (log_m + target_log_q)
-    remove = removes_accidental_hits(convention)
+        target_logits = rules.positive(target_logits, log_m + target_log_q)
+    remove = rules.removes_accidental_hits
     if positives == "soft_labels":
         if remove:
             negatives = negatives.masked_fill(of_any, -math.inf)

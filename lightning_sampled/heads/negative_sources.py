@@ -1,0 +1,82 @@
+"""Where a sampled softmax's negatives come from: each source yields candidate columns.
+
+:class:`~lightning_sampled.heads.SampledSoftmaxHead` estimates the softmax of each scored
+position from its positive and the columns of its negative sources, in one loop
+(:meth:`~lightning_sampled.heads.SampledSoftmaxHead.estimate`), on a whole table and on a table
+split across ranks alike:
+
+- :class:`DrawnNegatives`: ``M`` draws from the head's proposal (the sampler), per query
+  ``[T, M]`` or shared ``[M]``;
+- :class:`InBatchNegatives`: the batch's distinct targets ``[U]`` weighted by how many other
+  positions hold each (:mod:`lightning_sampled.ops.in_batch`).
+
+A source gives its candidates' ids (rows of the head's table), their ``log q`` under the
+sampler (``None`` where the head draws nothing), from which the head computes each candidate's
+log-size (the correction, ``log(M q)`` or the mixture's), and turns the candidates' raw logits
+and log-sizes into corrected columns under the head's
+:class:`~lightning_sampled.ops.conventions.Convention`. The caller's own negatives
+(``negatives=``) are the logits-level op of :mod:`lightning_sampled.ops.losses`, which
+:func:`~lightning_sampled.functional.sampled_softmax_loss` shares.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor
+
+from ..ops.conventions import Convention
+from ..ops.in_batch import BatchCandidates, in_batch_logits
+
+
+class DrawnNegatives(NamedTuple):
+    """The sampler's draws.
+
+    Attributes:
+        ids: long ``[M]`` (shared) or ``[T, M]`` (per query), rows of the head's table.
+        log_q: their ``log q`` under the sampler, the shape of ``ids``.
+    """
+
+    ids: Tensor
+    log_q: Tensor
+
+    def columns(
+        self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor
+    ) -> Tensor:
+        """Corrected columns ``[T, M]`` from the draws' raw logits ``[T, M]`` and log-sizes:
+        a draw equal to a row's ``hits`` ``[T]`` (its target's row; ``-1``: none) is an
+        accidental hit."""
+        return convention.negatives(logits, self.ids, log_size, hits)
+
+
+class InBatchNegatives(NamedTuple):
+    """The batch's targets as negatives.
+
+    Attributes:
+        ids: long ``[U]`` the candidates' rows of the head's table.
+        candidates: their :class:`~lightning_sampled.ops.in_batch.BatchCandidates` (counts,
+            each position's column).
+        own: bool ``[T]`` the positions counted in ``candidates.counts`` under
+            ``max_in_batch_draws`` (``None``: every one with a column).
+        log_q: ``[U]`` their ``log q`` under the sampler, ``None`` where the head draws none.
+    """
+
+    ids: Tensor
+    candidates: BatchCandidates
+    own: Tensor | None
+    log_q: Tensor | None
+
+    def columns(
+        self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor
+    ) -> Tensor:
+        """Corrected columns ``[T, U]``
+        (:func:`~lightning_sampled.ops.in_batch.in_batch_logits`): a position's own target's
+        column holds its accidental hits, so ``hits`` is not needed."""
+        del hits  # the own column is known from candidates.column
+        return in_batch_logits(
+            logits, log_size, self.candidates, convention.removes_accidental_hits, self.own
+        )
+
+
+#: a source of negatives
+NegativeSource = DrawnNegatives | InBatchNegatives
