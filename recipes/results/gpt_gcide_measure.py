@@ -8,7 +8,9 @@ Run each head in its own process, side by side, so both see the same load::
 
     python -m recipes.results.gpt_gcide_measure run --head full --steps 300 --val-every 100
     python -m recipes.results.gpt_gcide_measure run --head mixed --steps 300 --val-every 100
-    python -m recipes.results.gpt_gcide_measure report
+    python -m recipes.results.gpt_gcide_measure run --head mixed --seed 1 --steps 400 \
+        --val-every 100 --out recipes/results/gpt_gcide_seed1
+    python -m recipes.results.gpt_gcide_measure report --out recipes/results/gpt_gcide*
 """
 
 from __future__ import annotations
@@ -106,17 +108,22 @@ def run(head: str, steps: int, val_every: int, seed: int, out: Path) -> dict:
     return result
 
 
-def report(out: Path) -> str:
-    """The Markdown table of every head's JSON in ``out``."""
-    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+def report(outs: list[Path]) -> str:
+    """The Markdown table of every run's JSON in the folders ``outs``, one row per head and
+    seed."""
+    paths = [p for out in outs for p in sorted(out.glob("*.json"))]
+    results = sorted(
+        (json.loads(p.read_text()) for p in paths), key=lambda r: (r["head"], r["seed"])
+    )
     marks = sorted({m["step"] for r in results for m in r["marks"]})
-    head = "| head | steps | median step s | " + " | ".join(f"val ppl @{s}" for s in marks)
-    lines = [head + " | load (1 min) at the marks | commit |"]
-    lines.append("|" + "---|" * (5 + len(marks)))
+    head = "| head | seed | steps | median step s | " + " | ".join(f"val ppl @{s}" for s in marks)
+    lines = [head + " | load (1 min) at the marks | HEAD at the end |"]
+    lines.append("|" + "---|" * (6 + len(marks)))
     for r in results:
         ppl = {m["step"]: f"{m['val_ppl']:,.1f}" for m in r["marks"]}
         load = ", ".join(f"{m['load_1min']:.1f}" for m in r["marks"])
-        cells = [f"`{r['head']}` ({r['head_class']})", str(r["steps"]), f"{r['median_step_s']:.3f}"]
+        cells = [f"`{r['head']}` ({r['head_class']})", str(r["seed"]), str(r["steps"])]
+        cells.append(f"{r['median_step_s']:.2f}")
         cells += [ppl.get(s, "") for s in marks] + [load, r["commit"]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -129,10 +136,10 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--val-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, nargs="+", default=[OUT], help="run: the first")
     args = parser.parse_args(argv)
     if args.action == "run":
-        print(json.dumps(run(args.head, args.steps, args.val_every, args.seed, args.out)))
+        print(json.dumps(run(args.head, args.steps, args.val_every, args.seed, args.out[0])))
     else:
         print(report(args.out))
 
