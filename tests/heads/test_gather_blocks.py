@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_sampled.heads import OneVsEachHead, SampledSoftmaxHead, chunked
+from lightning_sampled.heads import OneVsEachHead, SampledSoftmaxHead
+from lightning_sampled.ops import chunked
 from lightning_sampled.samplers import UnigramSampler
 
 N, D, T, M = 60, 8, 40, 6

@@ -6,7 +6,8 @@ import torch
 from fake_samplers import restart_draws
 
 from lightning_sampled import _validation
-from lightning_sampled.heads import SampledSoftmaxHead, inputs
+from lightning_sampled.heads import SampledSoftmaxHead
+from lightning_sampled.ops import inputs
 from lightning_sampled.samplers import MIDXSampler
 
 
