@@ -68,14 +68,13 @@ HEADS: dict[str, Callable[[int, int], dict]] = {
 }
 
 
-def population(num_classes: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """The targets' law: Zipf over a random permutation of the classes, and the permutation
-    (class ``perm[r]`` has rank ``r``)."""
+def population(num_classes: int, generator: torch.Generator) -> Tensor:
+    """The targets' law ``[N]`` (fp64): Zipf over a random permutation of the classes."""
     weights = 1.0 / torch.arange(1, num_classes + 1, dtype=torch.float64)
     perm = torch.randperm(num_classes, generator=generator)
     law = torch.empty(num_classes, dtype=torch.float64)
     law[perm] = weights / weights.sum()
-    return law, perm
+    return law
 
 
 def iid_targets(law: Tensor, positions: int, generator: torch.Generator) -> Tensor:
@@ -132,7 +131,7 @@ def spread_of(grads: Tensor, exact: Tensor) -> dict[str, float]:
 def measure(args: argparse.Namespace) -> list[dict]:
     generator = torch.Generator().manual_seed(args.seed)
     n, d = args.classes, args.dim
-    law, _ = population(n, generator)
+    law = population(n, generator)
     table = torch.randn(n, d, generator=generator) * 0.3
     counts = (law * 1e6).float()  # q_b: the population law
     rows = []

@@ -39,7 +39,7 @@ def test_many_uniform_draws_meet_the_exact_gradient_and_few_do_not():
     """The plain head's corrected_all bias falls as M grows: the brute force compares like with
     like (a wrong sign or a missing table gradient would leave it near 1 or above)."""
     g = torch.Generator().manual_seed(1)
-    law, _ = eg.population(40, g)
+    law = eg.population(40, g)
     target = eg.iid_targets(law, 64, g)
     table = torch.randn(40, 6, generator=g) * 0.3
     z = 2 * table[target] + 0.5 * torch.randn(64, 6, generator=g)
@@ -62,7 +62,7 @@ def test_many_uniform_draws_meet_the_exact_gradient_and_few_do_not():
 
 def test_sessions_keep_to_one_cluster_for_their_sticky_share():
     g = torch.Generator().manual_seed(2)
-    law, _ = eg.population(200, g)
+    law = eg.population(200, g)
     target = eg.session_targets(law, 4000, 100, clusters=10, stickiness=0.8, generator=g)
     assert target.shape == (4000,)
     shares = []
