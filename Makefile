@@ -31,7 +31,7 @@ bench-full: setup
 	$(PY) -m benchmarks.head_step --threads 1 --sizes 100000 10000000 --name head_step_1e7 \
 	    --methods adaptive_log_softmax full_softmax_head uniform_sparse uniform_shared_sparse \
 	    unigram_sparse log_uniform_sparse in_batch_sparse midx_pq_sparse midx_rq_sparse \
-	    midx_learn_sparse tapas_sparse one_vs_each_sparse cane_sparse
+	    midx_learn_sparse tapas_sparse ove_sparse cane_sparse
 	$(PY) -m benchmarks.sampler_time --threads 1
 	$(PY) -m benchmarks.cane --threads 1 --repeats 5
 	$(PY) -m benchmarks.cane_topk --threads 1 --repeats 3

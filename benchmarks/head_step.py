@@ -5,8 +5,9 @@ One training step (forward + backward, no optimizer step) on ``B`` queries of di
 drawn from a Zipf law over frequency-sorted ids (``p(i) ∝ 1 / (i + 1)``, the order the log-uniform
 proposal and the adaptive softmax's clusters assume). Every method scores the same class table.
 
-Ours (``lightning_sampled.heads``), the recipes' settings (``recipes/configs/heads``), with the
-default dense class-table gradient and with ``sparse_grad=True``:
+Ours (``lightning_sampled.heads``), the sampled ones built from the recipe head config of their
+name (``recipes/configs/heads/<name>.yaml``, read by ``recipes.registry``), with the default dense
+class-table gradient and with ``sparse_grad=True`` (``<name>_sparse``):
 
 - ``full_softmax_head``: exact, in class chunks (no sparse path: every row gets a gradient);
 - ``SampledSoftmaxHead`` with 100 negatives per query from the uniform, unigram (the Zipf counts,
@@ -14,8 +15,8 @@ default dense class-table gradient and with ``sparse_grad=True``:
   K = 32, fast mode), 100 uniform negatives shared by the batch, and in-batch negatives only
   (``num_negatives=0``, ``in_batch_negatives=True``);
 - ``TapasHead`` (100 shared negatives picked from 200 uniform presamples), ``OneVsEachHead``
-  (100 uniform negatives per query) and ``CaneHead`` (20 beam-search candidates, beam 20, over a
-  10-ary tree, plus 80 uniform noises).
+  (``ove``: 100 uniform negatives per query) and ``CaneHead`` (20 beam-search candidates, beam
+  20, over a 10-ary tree, plus 80 uniform noises).
 
 The MIDX indexes and CANE's tree are built before timing; their refresh is not timed (see
 ``benchmarks/sampler_time.py`` for refresh times), except MIDX-Learn's, which reassigns its classes
@@ -88,20 +89,8 @@ from benchmarks.common import (
     write_results,
 )
 from lightning_sampled.callbacks.index_refresh import trained_samplers
-from lightning_sampled.heads import (
-    CaneHead,
-    FullSoftmaxHead,
-    OneVsEachHead,
-    SampledSoftmaxHead,
-    TapasHead,
-)
-from lightning_sampled.samplers import (
-    LogUniformSampler,
-    MIDXSampler,
-    Sampler,
-    UniformSampler,
-    UnigramSampler,
-)
+from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
+from recipes.registry import entry
 
 # A process forked for the memory measurement re-runs this module as ``__mp_main__`` when it was
 # started with ``python -m``; runpy then warns that the module is already imported (harmless).
@@ -109,9 +98,9 @@ warnings.filterwarnings(
     "ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning
 )
 
-NUM_NEGATIVES = 100
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CODEBOOK_SIZE = 32
+#: the MIDX codebook size of the recipes' configs (the MIDX methods' K)
+CODEBOOK_SIZE = entry("midx_rq").sampler_factory.keywords["codebook_size"]
 WARMUP_CLASSES = 1_000
 #: memory kept free beside a method's estimated need before it is run
 MEMORY_MARGIN_BYTES = 2 * 2**30
@@ -293,100 +282,43 @@ def chunked_full_head(problem: Problem, sparse_grad: bool) -> nn.Module:
     return FullSoftmaxHead(p.num_classes, p.dim, weight=p.new_weight(), backend="torch")
 
 
-def sampled_head(
-    make_sampler: Callable[[Problem], Sampler | None], **head_kwargs
-) -> Callable[[Problem, bool], nn.Module]:
-    """``SampledSoftmaxHead`` with the sampler ``make_sampler(problem)`` and 100 negatives per
-    query unless ``head_kwargs`` says otherwise."""
+def config_head(name: str, **options) -> Callable[[Problem, bool], nn.Module]:
+    """The head of the recipe config ``name`` (``recipes/configs/heads/<name>.yaml``, through
+    :mod:`recipes.registry`) on the problem's class table, with the Zipf weights as the
+    ``class_counts`` of a unigram proposal and ``options`` added to the config's."""
 
     def make(problem: Problem, sparse_grad: bool) -> nn.Module:
-        kwargs = {"num_negatives": NUM_NEGATIVES, "in_batch_negatives": False, **head_kwargs}
-        return SampledSoftmaxHead(
+        return entry(name).head(
             problem.num_classes,
             problem.dim,
-            make_sampler(problem),
             weight=problem.new_weight(),
+            class_counts=problem.counts,
             sparse_grad=sparse_grad,
-            **kwargs,
+            **options,
         )
 
     return make
 
 
-def uniform(problem: Problem) -> Sampler:
-    return UniformSampler(problem.num_classes)
-
-
-def unigram(problem: Problem) -> Sampler:
-    return UnigramSampler(problem.counts, alpha=0.75)
-
-
-def log_uniform(problem: Problem) -> Sampler:
-    return LogUniformSampler(problem.num_classes)
-
-
-def midx(quantizer: str, learnable: bool = False) -> Callable[[Problem], Sampler]:
-    def make(problem: Problem) -> Sampler:
-        return MIDXSampler(
-            problem.num_classes,
-            codebook_size=CODEBOOK_SIZE,
-            quantizer=quantizer,
-            learnable=learnable,
-            dim=problem.dim,
-        )
-
-    return make
-
-
-def tapas_head(problem: Problem, sparse_grad: bool) -> nn.Module:
-    return TapasHead(
-        problem.num_classes,
-        problem.dim,
-        num_negatives=NUM_NEGATIVES,
-        presample_factor=2,
-        sampler=UniformSampler(problem.num_classes),
-        weight=problem.new_weight(),
-        sparse_grad=sparse_grad,
-    )
-
-
-def ove_head(problem: Problem, sparse_grad: bool) -> nn.Module:
-    return OneVsEachHead(
-        problem.num_classes,
-        problem.dim,
-        UniformSampler(problem.num_classes),
-        NUM_NEGATIVES,
-        weight=problem.new_weight(),
-        sparse_grad=sparse_grad,
-    )
-
-
-def cane_head(problem: Problem, sparse_grad: bool) -> nn.Module:
-    return CaneHead(
-        problem.num_classes,
-        problem.dim,
-        num_candidates=20,
-        num_noise=NUM_NEGATIVES - 20,
-        branching=10,
-        beam=20,
-        weight=problem.new_weight(),
-        sparse_grad=sparse_grad,
-    )
-
-
-#: our heads that take ``sparse_grad``: name -> head factory
+#: our heads that take ``sparse_grad``: name (a recipe head config's, but for
+#: ``uniform_shared``) -> head factory
 SPARSE_CAPABLE_HEADS: dict[str, Callable[[Problem, bool], nn.Module]] = {
-    "uniform": sampled_head(uniform),
-    "uniform_shared": sampled_head(uniform, shared_negatives=True),
-    "unigram": sampled_head(unigram),
-    "log_uniform": sampled_head(log_uniform),
-    "in_batch": sampled_head(lambda p: None, num_negatives=0, in_batch_negatives=True),
-    "midx_pq": sampled_head(midx("pq")),
-    "midx_rq": sampled_head(midx("rq")),
-    "midx_learn": sampled_head(midx("rq", learnable=True)),
-    "tapas": tapas_head,
-    "one_vs_each": ove_head,
-    "cane": cane_head,
+    "uniform": config_head("uniform"),
+    "uniform_shared": config_head("uniform", shared_negatives=True),
+    **{
+        name: config_head(name)
+        for name in (
+            "unigram",
+            "log_uniform",
+            "in_batch",
+            "midx_pq",
+            "midx_rq",
+            "midx_learn",
+            "tapas",
+            "ove",
+            "cane",
+        )
+    },
 }
 
 

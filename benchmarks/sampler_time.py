@@ -65,28 +65,21 @@ from benchmarks.common import (
     write_results,
 )
 from lightning_sampled.heads import OneVsEachHead, ProposalHead, SampledSoftmaxHead, TapasHead
-from lightning_sampled.samplers import (
-    LogUniformSampler,
-    MIDXSampler,
-    Sampler,
-    UniformSampler,
-    UnigramSampler,
-)
+from lightning_sampled.samplers import MIDXSampler, Sampler, UniformSampler
+from recipes.registry import entry
 
+#: the proposals timed, by the recipe head configs that draw from them (``recipes.registry``)
 SAMPLERS = ("uniform", "unigram", "log_uniform", "midx_pq", "midx_rq")
 SEQ_METHODS = ("uniform", "ove_uniform", "tapas_uniform_r2", "midx_pq", "midx_rq")
 
 
-def make_sampler(name: str, num_classes: int, codebook_size: int) -> Sampler:
-    """A sampler by benchmark name (MIDX ones still need ``refresh``)."""
-    if name == "uniform":
-        return UniformSampler(num_classes)
-    if name == "log_uniform":
-        return LogUniformSampler(num_classes)
-    if name == "unigram":
-        counts = 1e6 / torch.arange(1, num_classes + 1, dtype=torch.float64)
-        return UnigramSampler(counts, alpha=0.75)
-    return MIDXSampler(num_classes, codebook_size, name.removeprefix("midx_"), "fast")
+def make_sampler(name: str, num_classes: int, dim: int, codebook_size: int) -> Sampler:
+    """The proposal of the recipe head config ``name``, a MIDX one with ``codebook_size``
+    codewords per codebook (still to be ``refresh``-ed), a unigram one over Zipf counts
+    ``1e6 / (i + 1)``."""
+    options = {"codebook_size": codebook_size} if name.startswith("midx") else {}
+    counts = 1e6 / torch.arange(1, num_classes + 1, dtype=torch.float64)
+    return entry(name).sampler(num_classes, dim, class_counts=counts, **options)
 
 
 class RandomRead:
@@ -114,7 +107,7 @@ def build_samplers(args: argparse.Namespace, num_classes: int, rows: list[dict])
     table = class_table(num_classes, args)
     samplers = {}
     for name in SAMPLERS:
-        sampler = make_sampler(name, num_classes, args.codebook_size).to(args.device)
+        sampler = make_sampler(name, num_classes, args.dim, args.codebook_size).to(args.device)
         if isinstance(sampler, MIDXSampler):
             runs = 1 if num_classes >= 1_000_000 else min(args.repeats, 3)
             seconds, _ = median_time(lambda s=sampler: s.refresh(table), repeats=runs, warmup=0)
@@ -150,7 +143,7 @@ def time_train_steps(args: argparse.Namespace, rows: list[dict]) -> None:
     steps: dict[str, Callable[[], None]] = {}
     for name in ("uniform", "midx_pq", "midx_rq"):
         gen = _generator(args, 0)
-        sampler = make_sampler(name, n, args.codebook_size)
+        sampler = make_sampler(name, n, args.dim, args.codebook_size)
         head = SampledSoftmaxHead(n, args.dim, sampler, 100, in_batch_negatives=False)
         head = head.to(args.device)
         with torch.no_grad():

@@ -1,5 +1,6 @@
 """What every section of the report shares: reading result files, formatting numbers and
-tables, provenance notes, where the inputs are, and the heads' labels."""
+tables, provenance notes, where the inputs are, and the heads' labels (the recipe head configs'
+labels, :data:`recipes.registry.LABELS`)."""
 
 from __future__ import annotations
 
@@ -12,26 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from recipes.registry import LABELS
+
 T = TypeVar("T")
 
-#: head keys (recipe head configs without ``sparse_``) in the issue's order, with readable labels
-HEADS = {
-    "full": "full softmax",
-    "uniform": "uniform",
-    "uniform_shared": "uniform, shared by the batch",
-    "unigram": "unigram",
-    "log_uniform": "log-uniform",
-    "in_batch": "in-batch",
-    "mixed": "mixed: in-batch + uniform",
-    "midx_pq": "MIDX-pq",
-    "midx_rq": "MIDX-rq",
-    "midx_learn": "MIDX-learn",
-    "midx_rq_log_uniform": "MIDX-rq + log-uniform",
-    "tapas": "TAPAS",
-    "ove": "One-vs-Each",
-    "cane": "CANE",
-    "cane_frequency": "CANE, frequency tree (Section 5)",
-}
+#: readable head labels: the recipe head configs', and those of runs named after a config with
+#: an option changed
+HEAD_LABELS = LABELS | {"uniform_shared": "uniform, shared by the batch"}
 #: the heads the issue asks for in every quality table
 ISSUE_HEADS = (
     "full",
@@ -168,13 +156,14 @@ class Inputs:
 
 
 def head_label(head: str) -> str:
-    """The readable label of a recipe head config name (``sparse_`` variants alike)."""
-    return HEADS.get(head.removeprefix("sparse_"), head)
+    """The readable label of a recipe head config name, a ``sparse_`` variant labelled as its
+    dense config where there is one (the gradient's form does not change the estimator)."""
+    return HEAD_LABELS.get(head.removeprefix("sparse_")) or HEAD_LABELS.get(head, head)
 
 
 def missing_heads(have: set[str], task: str) -> str:
     """'Not run on TASK yet: ...' for the issue's heads not in ``have``; ``""`` if none."""
-    missing = [HEADS[h] for h in ISSUE_HEADS if h not in have]
+    missing = [LABELS[h] for h in ISSUE_HEADS if h not in have]
     return f"Not run on {task} yet: {', '.join(missing)}." if missing else ""
 
 

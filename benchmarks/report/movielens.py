@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from recipes.registry import LABELS
+
 from .common import (
-    HEADS,
     ISSUE_HEADS,
     Inputs,
     Provenance,
@@ -154,7 +155,7 @@ def section_movielens(inputs: Inputs) -> list[str]:
         *markdown_table(
             ["model", "sampler", "N@10", "N@50", "R@10", "R@50"],
             [
-                [model, HEADS[h], *values]
+                [model, LABELS[h], *values]
                 for model, table in PAPER_TABLE7.items()
                 for h, values in table.items()
             ],
@@ -172,7 +173,7 @@ def missing_lines(rows: Sequence[Quality], earlier: Sequence[Quality], model: st
     """The issue's heads not run on ``model`` at all, and those only earlier runs (@10) have."""
     current = {r.head for r in rows if r.task == model}
     ever = current | {r.head for r in earlier if r.task == model}
-    only_earlier = [HEADS[h] for h in ISSUE_HEADS if h in ever - current]
+    only_earlier = [LABELS[h] for h in ISSUE_HEADS if h in ever - current]
     text = missing_heads(ever, model)
     if only_earlier:
         text += f" Only earlier runs (@10) have {model} " + ", ".join(only_earlier) + "."

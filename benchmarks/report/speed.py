@@ -21,8 +21,10 @@ from .common import (
 )
 from .gpu import speed_pointer
 
-#: ``benchmarks/head_step.py`` method (``_sparse`` removed) -> recipe head key
-STEP_TO_HEAD = {"full_softmax_head": "full", "one_vs_each": "ove"}
+#: ``benchmarks/head_step.py`` method (``_sparse`` removed) -> recipe head key, where they differ
+STEP_TO_HEAD = {"full_softmax_head": "full"}
+#: head_step methods of results files written before they took the recipe configs' names
+RENAMED_METHODS = {"one_vs_each": "ove", "one_vs_each_sparse": "ove_sparse"}
 REFERENCE = "plain_cross_entropy"
 
 
@@ -30,7 +32,7 @@ STEP_1E7 = (
     "python -m benchmarks.head_step --threads 1 --sizes 100000 10000000 --name head_step_1e7 "
     "--methods adaptive_log_softmax full_softmax_head uniform_sparse uniform_shared_sparse "
     "unigram_sparse log_uniform_sparse in_batch_sparse midx_pq_sparse midx_rq_sparse "
-    "midx_learn_sparse tapas_sparse one_vs_each_sparse cane_sparse"
+    "midx_learn_sparse tapas_sparse ove_sparse cane_sparse"
 )
 
 
@@ -42,6 +44,7 @@ def step_rows(path: Path) -> list[dict[str, Any]] | None:
         return None
     plain = {r["num_classes"]: r for r in rows if r["method"] == REFERENCE}
     for r in rows:
+        r["method"] = RENAMED_METHODS.get(r["method"], r["method"])
         ref = plain.get(r["num_classes"], {})
         r["seconds"], r["mib"] = number(r.get("median_s")), number(r.get("peak_mib"))
         r["time_x"] = divide(r["seconds"], number(ref.get("median_s")))

@@ -44,7 +44,7 @@ def test_registry_has_every_head_and_peer_with_both_gradient_paths():
         "midx_rq",
         "midx_learn",
         "tapas",
-        "one_vs_each",
+        "ove",
         "cane",
     ]
     expected = {"plain_cross_entropy", "linear_cross_entropy", "cut_cross_entropy"}
