@@ -7,7 +7,8 @@ A new head is added by one line in :data:`HEADS`: a factory ``make(num_classes, 
 ``sparse_grad`` for heads that draw) through to the head, plus what the head refuses. A head that
 takes any ``sampler`` lists the other proposals of :data:`PROPOSALS` it runs with; the tests whose
 outcome depends on the draws run over those pairs too (:data:`CASES`), the others over the heads
-alone (:data:`BASE`).
+alone (:data:`BASE`). Every recipe head config (``recipes.registry``) must be the head class,
+proposal and candidate set of some case (:func:`test_every_recipe_head_config_has_a_contract_case`).
 
 Every comparison of two sampled losses seeds torch's global generator before each call, so both
 draw the same classes; where the two calls see the same scored positions the draws are equal.
@@ -25,6 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fake_samplers import draw_like_compiled_code, restart_draws
+from tiny_configs import tiny_head
 from torch import nn
 
 from lightning_sampled.heads import (
@@ -45,6 +47,7 @@ from lightning_sampled.samplers import (
     UniformSampler,
     UnigramSampler,
 )
+from recipes.registry import entries
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -56,8 +59,10 @@ SEED = 11  # torch's global seed before every training-loss call
 # -- the proposals ---------------------------------------------------------------------------------
 
 
-def midx(mode: str) -> Callable[[int, int | None], Sampler]:
-    return lambda n, pad: MIDXSampler(n, 4, "rq", mode, padding_idx=pad, kmeans_iters=3)
+def midx(mode: str, quantizer: str = "rq", **options) -> Callable[[int, int | None], Sampler]:
+    return lambda n, pad: MIDXSampler(
+        n, 4, quantizer, mode, padding_idx=pad, kmeans_iters=3, **options
+    )
 
 
 #: name -> make(num_classes, padding_idx); the ones with an index are built by the head's
@@ -68,11 +73,15 @@ PROPOSALS: dict[str, Callable[[int, int | None], Sampler]] = {
     "log_uniform": lambda n, pad: LogUniformSampler(n, padding_idx=pad),
     "midx_rq_exact": midx("exact"),
     "midx_rq_fast": midx("fast"),
+    "midx_pq_fast": midx("fast", "pq"),
     "mixture": lambda n, pad: MixtureSampler(
         [midx("fast")(n, pad), LogUniformSampler(n, padding_idx=pad)]
     ),
 }
+#: MIDX-Learn's trained codewords: for the head that runs it (it refuses ``normalize=True``)
+LEARNABLE = {"midx_rq_learnable": midx("fast", learnable=True, dim=D)}
 ANY = tuple(PROPOSALS)
+PROPOSALS |= LEARNABLE
 QUERY_INDEPENDENT = tuple(p for p in PROPOSALS if PROPOSALS[p](N, None).query_independent)
 
 # -- the heads -------------------------------------------------------------------------------------
@@ -115,10 +124,12 @@ HEADS: dict[str, Head] = {
     "full": Head(lambda n, d, s, **o: FullSoftmaxHead(n, d, backend="torch", **o), None, refuses=()),  # noqa: E501
     "full_triton": Head(lambda n, d, s, **o: FullSoftmaxHead(n, d, backend="triton", **o), None, refuses=(), breaks="the fused kernels launch from an autograd.Function, not a registered op"),  # noqa: E501
     "sampled_uniform": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, **o), proposals=ANY),  # noqa: E501
-    "sampled_plain": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, in_batch_negatives=False, **o)),  # noqa: E501
+    "sampled_plain": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, in_batch_negatives=False, **o), proposals=ANY),  # noqa: E501
     "sampled_shared": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, shared_negatives=True, **o), proposals=QUERY_INDEPENDENT),  # noqa: E501
     "sampled_in_batch": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, in_batch_negatives=True, target_counts=target_counts(n), **o)),  # noqa: E501
     "sampled_limited": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, target_counts=target_counts(n), max_in_batch_draws=4, **o)),  # noqa: E501
+    "sampled_in_batch_only": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 0, in_batch_negatives=True, target_counts=target_counts(n), **o)),  # noqa: E501
+    "sampled_midx_learn": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, in_batch_negatives=False, **o), "midx_rq_learnable", refuses=("label_smoothing", "normalize"), breaks="MIDX's is_built and chunked draw read the host"),  # noqa: E501
     "sampled_midx": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, **o), "midx_rq_fast", breaks="MIDX's is_built and chunked draw read the host"),  # noqa: E501
     "tapas": Head(lambda n, d, s, **o: TapasHead(n, d, s, 4, presample_factor=3, selection_temperature=1.0, **o), proposals=QUERY_INDEPENDENT, breaks=f"{DROPS}; the first pass draws until K + 1 distinct classes"),  # noqa: E501
     "one_vs_each": Head(lambda n, d, s, **o: OneVsEachHead(n, d, s, 6, **o), None),
@@ -612,6 +623,43 @@ def test_declared_compiling_heads_compile_to_one_graph_equal_to_eager(case):
         for got, want in zip(*results, strict=True):
             close(got, want)
     torch._dynamo.reset()
+
+
+# -- every recipe head config is a contract case ------------------------------------------------
+
+#: the attributes that set which candidates a head scores (those it has)
+SOURCE_OPTIONS = ("shared_negatives", "in_batch_negatives", "tree_kind", "parameterization")
+
+
+def proposal_kind(sampler: Sampler) -> str:
+    """A proposal as the contract tells proposals apart: its class, MIDX's quantizer and whether
+    it learns, a mixture's parts."""
+    if isinstance(sampler, MixtureSampler):
+        return " + ".join(proposal_kind(part) for part in sampler.components)
+    if isinstance(sampler, MIDXSampler):
+        return f"MIDX-{sampler.quantizer.name}{'-learnable' if sampler.learnable else ''}"
+    return type(sampler).__name__
+
+
+def structure(head: OutputHead) -> tuple:
+    """What a head's contract outcomes depend on, sizes aside: its class, its proposal and the
+    candidates it scores (drawn ones or none, shared, in-batch, CANE's tree)."""
+    if not isinstance(head, ProposalHead):
+        return (type(head).__name__,)
+    sources = tuple(getattr(head, option, None) for option in SOURCE_OPTIONS)
+    draws = getattr(head, "num_negatives", 1) > 0
+    return (type(head).__name__, proposal_kind(head.sampler), draws, *sources)
+
+
+def test_every_recipe_head_config_has_a_contract_case():
+    """Each config of ``recipes/configs/heads`` (``recipes.registry``), built at a tiny size, is
+    a head, proposal and candidate set that a case of :data:`CASES` runs; a new config that is
+    not needs its line in :data:`HEADS` (or a proposal in a head's ``proposals``)."""
+    covered = {structure(make(case)) for case in CASES}
+    counts = torch.arange(1.0, N + 1)
+    configs = {name: structure(tiny_head(name, N, D, class_counts=counts)) for name in entries()}
+    missing = {name: kind for name, kind in configs.items() if kind not in covered}
+    assert not missing, f"recipe head configs without a contract case: {missing}"
 
 
 # -- 11. bad input ---------------------------------------------------------------------------------
