@@ -1,4 +1,5 @@
-"""Every recipe fits a few steps on a small slice of the real data with every head family."""
+"""Every recipe fits a few steps on a small slice of the real data, and so does every head
+config."""
 
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import torch
 
 from lightning_sampled.samplers import UniformSampler
 from recipes.cli import cli_main, main
+from recipes.registry import entries
 
 CONFIGS = Path(__file__).parents[2] / "recipes" / "configs"
 SMALL = {
@@ -14,8 +16,12 @@ SMALL = {
     "gru4rec_ml-100k": ["--data.init_args.max_users=40", "--data.init_args.max_len=20"],
     "lstm_ptb": ["--data.init_args.max_tokens=4000", "--data.init_args.bptt=20"],
 }
-HEADS = ["full", "uniform", "unigram", "midx_pq", "midx_rq", "midx_learn", "tapas", "ove"]
-CASES = [(m, h) for m in SMALL for h in HEADS] + [("lstm_ptb", "log_uniform")]
+MODELS = list(SMALL)
+#: the full softmax on every model, and every other head config (recipes.registry) on one model
+#: in turn
+CASES = [(m, "full") for m in MODELS] + [
+    (MODELS[i % len(MODELS)], name) for i, name in enumerate(n for n in entries() if n != "full")
+]
 
 
 def args(model: str, head: str, tmp_path: Path) -> list[str]:
