@@ -15,23 +15,29 @@ ratios are smaller (``benchmarks/results/REPORT.md``, section 11). The two heads
 round (:func:`benchmarks.common.timed_rounds`), so that other processes' load hits both
 alike, and the median of ``--repeats`` rounds is reported with the ratio default / plain.
 
+``--whole-block`` adds the default head scoring every row in one block (``default, one block``:
+no :data:`~lightning_sampled.ops.chunked.MAX_BLOCK_ELEMENTS` bound, so no activation
+checkpointing either), against which the bounded blocks' recomputation is priced.
+
 ``--limits K ...`` adds the default head with ``max_in_batch_draws=K`` (named ``default K``): the
 targets of ``K`` positions drawn at random are the in-batch candidates, ``[T, <= K]`` instead
 of ``[T, U]``; a limit at or above ``T`` changes nothing, so it is timed only below ``T``.
 
 Run: ``python -m benchmarks.default_cost [--shapes ptb gcide ml1m synthetic_1m] [--limits 256
-1024] [--repeats 7] [--threads 1] [--device cpu|cuda] [--background TEXT]``; results in
-``benchmarks/results/default_cost.{csv,md}``.
+1024] [--whole-block] [--repeats 7] [--threads 1] [--device cpu|cuda] [--background TEXT]``;
+results in ``benchmarks/results/default_cost.{csv,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from lightning_sampled.heads import SampledSoftmaxHead
+from lightning_sampled.ops import chunked
 
 from ._shapes import head_step, zipf_batch
 from .common import add_timing_arguments, make_parser, medians_against, run_and_write, timed_rounds
@@ -85,6 +91,20 @@ def heads_of(shape: Shape, limits: list[int]) -> dict[str, SampledSoftmaxHead]:
     return heads
 
 
+def in_one_block(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with no bound on the entries of a block of scored rows."""
+
+    def run() -> None:
+        bound = chunked.MAX_BLOCK_ELEMENTS
+        chunked.MAX_BLOCK_ELEMENTS = 2**62
+        try:
+            step()
+        finally:
+            chunked.MAX_BLOCK_ELEMENTS = bound
+
+    return run
+
+
 def measure(args: argparse.Namespace) -> list[dict]:
     """One row per shape and head: median step seconds and the ratio to the plain head's."""
     rows = []
@@ -99,6 +119,9 @@ def measure(args: argparse.Namespace) -> list[dict]:
             name: head_step(head.to(device), z, target)
             for name, head in heads_of(shape, args.limits).items()
         }
+        if args.whole_block:
+            whole = make_head(shape, "auto").to(device)
+            fns["default, one block"] = in_one_block(head_step(whole, z, target))
         medians = medians_against(timed_rounds(fns, args.repeats, device), "plain")
         for head, (median, ratio) in medians.items():
             rows.append(
@@ -122,6 +145,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--limits", nargs="*", type=int, default=[256, 1024], help="max_in_batch_draws to time"
     )
+    parser.add_argument(
+        "--whole-block",
+        action="store_true",
+        help="also time the default scoring every row in one block (no MAX_BLOCK_ELEMENTS)",
+    )
     add_timing_arguments(parser, repeats=7, name="default_cost")
     args = parser.parse_args(argv)
     if min(args.repeats, args.threads, *args.limits) < 1:
@@ -135,10 +163,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "One forward and backward of `SampledSoftmaxHead` with uniform draws, the default "
         'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
         "against the plain head (`in_batch_negatives=False`), at the recipes' batch shapes, Zipf "
-        "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T); median of "
+        "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T); `default, "
+        "one block`: the default with no bound on a block of scored rows; median of "
         f"{args.repeats} rounds, the heads alternating; `vs_plain`: the ratio to the plain head "
         "in the same rounds. Command: `python -m benchmarks.default_cost --shapes "
-        f"{' '.join(args.shapes)} --limits {' '.join(map(str, args.limits))} --repeats "
+        f"{' '.join(args.shapes)} --limits {' '.join(map(str, args.limits))}"
+        f"{' --whole-block' if args.whole_block else ''} --repeats "
         f"{args.repeats} --threads {args.threads} --device {args.device}`."
     )
     return run_and_write(

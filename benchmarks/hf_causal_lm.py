@@ -13,10 +13,11 @@ downloaded), fed ``--batch`` x ``--length`` tokens, at each vocabulary of ``--vo
 - ``sampled_shared``: the same with ``shared_negatives=True`` (one draw of 100 for the batch).
 
 Each (vocabulary, method) runs in a fresh process (a process' peak resident set cannot be reset
-below what it once held): the model and the batch are built, one step warms up, then the peak
-RSS growth of one step over what the process held before it is measured
-(:func:`benchmarks.common.peak_extra_bytes`) and the median time of ``--repeats`` steps, on
-``--threads`` threads. Ratios are to ``hf`` at the same vocabulary.
+below what it once held): the model and the batch are built; the loss alone on fixed hidden
+states is warmed up and its peak RSS growth measured (``loss_peak_mb``), then the whole step's
+(``peak_mb``) (:func:`benchmarks.common.peak_extra_bytes`, over what the process held before
+each), and the median time of ``--repeats`` whole steps, on ``--threads`` threads. Ratios are to
+``hf`` at the same vocabulary.
 
 Run: ``python -m benchmarks.hf_causal_lm [--vocab 50257 256000] [--methods hf exact sampled
 sampled_shared] [--threads 1] [--repeats 3] [--background TEXT]``; results in
@@ -44,8 +45,10 @@ from .common import (
 METHODS = ("hf", "exact", "sampled", "sampled_shared")
 
 
-def step_fn(method: str, vocab: int, args: argparse.Namespace):
-    """The model, and one training step of ``method`` on a fixed batch (zeroing the gradients)."""
+def step_fns(method: str, vocab: int, args: argparse.Namespace):
+    """Two training steps of ``method`` on a fixed batch (each zeroing the gradients): the whole
+    model's, and the loss alone on fixed hidden states (a leaf ``[B, L, D]`` that takes a
+    gradient: Hugging Face's ``lm_head`` and ``loss_function``, or our head)."""
     import transformers
 
     from lightning_sampled.heads import FullSoftmaxHead, SampledSoftmaxHead
@@ -66,27 +69,42 @@ def step_fn(method: str, vocab: int, args: argparse.Namespace):
         ),
     }
     head = heads[method]() if method in heads else None
+    with torch.no_grad():
+        fixed = model.base_model(input_ids=ids).last_hidden_state
+    fixed.requires_grad_(True)
+
+    def loss_of(hidden: torch.Tensor) -> torch.Tensor:
+        if head is None:
+            return model.loss_function(out(hidden), ids, vocab_size=vocab)
+        return head(hidden[:, :-1], ids[:, 1:])
 
     def step() -> None:
         if head is None:
             loss = model(input_ids=ids, labels=ids).loss
         else:
-            hidden = model.base_model(input_ids=ids).last_hidden_state
-            loss = head(hidden[:, :-1], ids[:, 1:])
+            loss = loss_of(model.base_model(input_ids=ids).last_hidden_state)
         loss.backward()
         model.zero_grad(set_to_none=True)
 
-    return step
+    def loss_step() -> None:
+        loss_of(fixed).backward()
+        model.zero_grad(set_to_none=True)
+        fixed.grad = None
+
+    return step, loss_step
 
 
 def measure_one(method: str, vocab: int, args: argparse.Namespace) -> dict[str, float]:
-    """This process' measurement of one (method, vocabulary)."""
+    """This process' measurement of one (method, vocabulary): the loss alone, then the whole
+    step (each peak measured from a reset of the process' peak resident set)."""
     set_threads(args.threads)
-    step = step_fn(method, vocab, args)
-    step()  # warm-up: allocator pools, lazy module state
+    step, loss_step = step_fns(method, vocab, args)
+    loss_step()  # warm-up: allocator pools, lazy module state
+    loss_peak = peak_extra_bytes(loss_step, "cpu")
+    step()
     peak = peak_extra_bytes(step, "cpu")
     seconds, _ = median_time(step, repeats=args.repeats, warmup=0)
-    return {"peak_mb": peak / 2**20, "seconds": seconds}
+    return {"peak_mb": peak / 2**20, "loss_peak_mb": loss_peak / 2**20, "seconds": seconds}
 
 
 def run_in_fresh_process(method: str, vocab: int, args: argparse.Namespace) -> dict[str, float]:
@@ -125,8 +143,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
                     "vocab": vocab,
                     "method": method,
                     "peak_mb": m["peak_mb"],
+                    "loss_peak_mb": m["loss_peak_mb"],
                     "seconds": m["seconds"],
                     "memory_vs_hf": m["peak_mb"] / base["peak_mb"] if base else "",
+                    "loss_memory_vs_hf": m["loss_peak_mb"] / base["loss_peak_mb"] if base else "",
                     "time_vs_hf": m["seconds"] / base["seconds"] if base else "",
                 }
             )
@@ -149,7 +169,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         header=f"{shape}.\n\n{load.header}",
         notes=(
             "peak_mb: peak resident-set growth of one training step (forward and backward of the "
-            "whole model and the loss) over what the process held before it, each (vocab, "
+            "whole model and the loss) over what the process held before it; loss_peak_mb: the "
+            "same of the loss alone (forward and backward) on fixed hidden states that take a "
+            "gradient (Hugging Face's lm_head and loss_function, or our head); each (vocab, "
             "method) in a fresh process. Command: `python -m benchmarks.hf_causal_lm "
             f"--vocab {' '.join(map(str, args.vocab))} --threads {args.threads} --repeats "
             f"{args.repeats}`."

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
@@ -47,6 +48,7 @@ from ..ops.inputs import (
     scored_positives,
 )
 from ..ops.losses import check_positive_form, exact_multi_positive_losses
+from ..ops.row_gradients import RowGradientSink
 from ..optim.growth import grow_state_rows
 from ..optim.sparse_checks import require_sparse_capable_optimizer, warn_if_dense
 from ..sharding import ShardMap, whole_rows, whole_rows_on_first_rank
@@ -156,6 +158,9 @@ class OutputHead(nn.Module):
     sharding_refusal: ClassVar[str | None] = "its training objective has no sharded form"
     #: why the head cannot score a candidate tower's vectors, or ``None`` where it can
     tower_refusal: ClassVar[str | None] = None
+    #: where :meth:`class_rows` gathers the table's rows while scoring in blocks
+    #: (:meth:`gathering_into`); ``None``: ``F.embedding`` of the table
+    _row_sink: RowGradientSink | None = None
 
     def __init__(
         self,
@@ -514,6 +519,8 @@ class OutputHead(nn.Module):
         candidate tower's output (checked for its shape)."""
         if self.candidate_encoder is None:
             self._require_table()
+            if self._row_sink is not None:
+                return self._row_sink.gather(ids)
             return F.embedding(ids, self.weight, sparse=self.sparse_grad)
         rows = self.candidate_encoder(ids)
         if not isinstance(rows, Tensor) or tuple(rows.shape) != (*ids.shape, self.dim):
@@ -528,6 +535,25 @@ class OutputHead(nn.Module):
                 f"candidate_encoder must return floating-point vectors, got {rows.dtype}"
             )
         return rows
+
+    def row_sink(self) -> RowGradientSink | None:
+        """One dense gradient for the gathers of a forward that scores in blocks
+        (:mod:`~lightning_sampled.ops.row_gradients`), where the table takes a dense gradient;
+        ``None`` (each gather its own gradient) with ``sparse_grad``, a candidate tower, no
+        gradient, or under ``torch.compile``."""
+        dense = self.candidate_encoder is None and not self.sparse_grad
+        if not (dense and self.weight.requires_grad and torch.is_grad_enabled()):
+            return None
+        return None if torch.compiler.is_compiling() else RowGradientSink.of(self.weight)
+
+    @contextmanager
+    def gathering_into(self, sink: RowGradientSink | None) -> Iterator[None]:
+        """:meth:`class_rows` gathers through ``sink`` (if not ``None``) inside the block."""
+        previous, self._row_sink = self._row_sink, sink
+        try:
+            yield
+        finally:
+            self._row_sink = previous
 
     @property
     def table_device(self) -> torch.device:
@@ -554,7 +580,8 @@ class OutputHead(nn.Module):
         ``MAX_BLOCK_ELEMENTS`` gathered entries), each block under activation checkpointing when
         gradients are on, so that the ``[T, M, D]`` vectors (418 MB at a language model's 4,088
         positions, 100 draws and D = 256) and their gradient are never held whole: the block is
-        gathered again in backward. Under ``torch.compile`` the gather is one block.
+        gathered again in backward (:meth:`in_blocks`). Under ``torch.compile`` the gather is one
+        block.
         """
         if ids.dim() == 1 or torch.compiler.is_compiling():
             return self._gathered_logits(z, ids)
@@ -562,14 +589,24 @@ class OutputHead(nn.Module):
         if ids.shape[0] <= step:
             return self._gathered_logits(z, ids)
         blocks = zip(z.split(step), ids.split(step), strict=True)
+        return self.in_blocks(self._gathered_logits, blocks)
+
+    def in_blocks(self, fn: Callable[..., Tensor], blocks: Iterable[tuple]) -> Tensor:
+        """``fn(*args)`` for each block's ``args``, concatenated along the rows. With gradients
+        each block runs under activation checkpointing (it keeps its inputs only and runs again
+        in backward), its gathers from the table adding into one dense gradient
+        (:meth:`row_sink`)."""
         if not torch.is_grad_enabled():
-            return torch.cat([self._gathered_logits(z_b, ids_b) for z_b, ids_b in blocks])
+            return torch.cat([fn(*args) for args in blocks])
+        sink = self._row_sink or self.row_sink()
         return torch.cat(
-            [
-                checkpoint(self._gathered_logits, z_b, ids_b, use_reentrant=False)
-                for z_b, ids_b in blocks
-            ]
+            [checkpoint(self._in_sink, fn, sink, *args, use_reentrant=False) for args in blocks]
         )
+
+    def _in_sink(self, fn: Callable[..., Tensor], sink: RowGradientSink | None, *args) -> Tensor:
+        """``fn(*args)`` gathering the table's rows through ``sink``."""
+        with self.gathering_into(sink):
+            return fn(*args)
 
     def _gathered_logits(self, z: Tensor, ids: Tensor) -> Tensor:
         """:meth:`candidate_logits` of one gather."""

@@ -40,6 +40,18 @@ class DrawnNegatives(NamedTuple):
     ids: Tensor
     log_q: Tensor
 
+    @property
+    def gathered_per_row(self) -> int:
+        """Class vectors gathered for each scored row: ``M`` per query, none when shared (the
+        ``[M, D]`` rows are gathered once for every row)."""
+        return self.ids.shape[1] if self.ids.dim() == 2 else 0
+
+    def rows(self, block: slice) -> DrawnNegatives:
+        """The draws of the rows ``block`` (shared draws: all of them)."""
+        if self.ids.dim() == 1:
+            return self
+        return DrawnNegatives(self.ids[block], self.log_q[block])
+
     def columns(
         self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor
     ) -> Tensor:
@@ -65,6 +77,15 @@ class InBatchNegatives(NamedTuple):
     candidates: BatchCandidates
     own: Tensor | None
     log_q: Tensor | None
+
+    #: the ``[U, D]`` candidate vectors are gathered once for every row
+    gathered_per_row = 0
+
+    def rows(self, block: slice) -> InBatchNegatives:
+        """The same candidates for the rows ``block``: their own columns and counted flags."""
+        candidates = self.candidates._replace(column=self.candidates.column[block])
+        own = None if self.own is None else self.own[block]
+        return InBatchNegatives(self.ids, candidates, own, self.log_q)
 
     def columns(
         self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor

@@ -78,6 +78,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_async, check_int, check_positive_int
+from ..ops import chunked
 from ..ops.conventions import CONVENTIONS, Convention, convention_named
 from ..ops.in_batch import (
     CANDIDATE_METHODS,
@@ -120,6 +121,46 @@ class BatchProposal(NamedTuple):
         if self.counted:
             return self.frequency.log_prob(ids, after_update=True)
         return self.frequency.log_prob(ids, self.targets, self.mask)
+
+    def rows(self, block: slice) -> BatchProposal:
+        """The proposal seen by the rows ``block`` of the batch: their own in-batch draw counts
+        under ``max_in_batch_draws``, the same ``q_b`` (floored by the whole batch)."""
+        per_row = isinstance(self.num_draws, Tensor) and self.num_draws.dim() > 0
+        return self._replace(num_draws=self.num_draws[block]) if per_row else self
+
+
+class BatchNegatives(NamedTuple):
+    """A batch's negatives, drawn and found once before any row is scored.
+
+    Attributes:
+        batch: the in-batch proposal (:meth:`SampledSoftmaxHead.batch_proposal`), ``None``
+            without in-batch negatives.
+        sources: the negative sources, the sampler's draws first (:mod:`.negative_sources`).
+        positive_log_q: ``[T]`` the positives' ``log q`` under the sampler where the convention
+            corrects the positive and the head draws (else ``None``).
+    """
+
+    batch: BatchProposal | None
+    sources: list[NegativeSource]
+    positive_log_q: Tensor | None
+
+    def rows(self, block: slice) -> BatchNegatives:
+        """The negatives of the rows ``block`` of the batch."""
+        return BatchNegatives(
+            None if self.batch is None else self.batch.rows(block),
+            [source.rows(block) for source in self.sources],
+            None if self.positive_log_q is None else self.positive_log_q[block],
+        )
+
+    @property
+    def num_columns(self) -> int:
+        """Candidate columns per row: the positive and every source's."""
+        return 1 + sum(source.ids.shape[-1] for source in self.sources)
+
+    @property
+    def gathered_per_row(self) -> int:
+        """Class vectors gathered for each row: its positive and its own draws."""
+        return 1 + sum(source.gathered_per_row for source in self.sources)
 
 
 class SampledSoftmaxHead(ProposalHead):
@@ -421,12 +462,27 @@ class SampledSoftmaxHead(ProposalHead):
                 targets are candidates and draws (the others: ignored positions kept, with a
                 stand-in target, for static shapes).
         """
+        negatives = self.batch_negatives(z, target, mask)
+        return self.corrected_logits(z, target, mask, negatives)
+
+    def batch_negatives(self, z: Tensor, target: Tensor, mask: Tensor | None) -> BatchNegatives:
+        """The negatives of a batch of scored queries ``z`` ``[T, D]`` with targets ``[T]``
+        (``mask`` as in :meth:`sampled_logits`): the sampler's draws and the batch's targets,
+        found once (with ``in_batch_negatives``, a call in training mode counts ``target`` into
+        ``q_b``)."""
         batch = self.batch_proposal(target, mask) if self.in_batch_negatives else None
         in_batch = None
         if batch is not None:
             candidates, own = self.in_batch_candidates_of(target, mask, batch)
             in_batch = self.in_batch_source(z, candidates.ids, candidates, own)
-        pos, columns, log_size = self.estimate(z, target, target, batch, in_batch)
+        return self.negatives_of(z, target, batch, in_batch)
+
+    def corrected_logits(
+        self, z: Tensor, target: Tensor, mask: Tensor | None, negatives: BatchNegatives
+    ) -> Tensor:
+        """:meth:`sampled_logits` ``[T, 1 + C]`` of queries ``z`` ``[T, D]`` with targets
+        ``[T]`` over their ``negatives`` (:meth:`batch_negatives`, or its rows of them)."""
+        pos, columns, log_size = self.score(z, target, target, negatives)
         if log_size is not None:
             if mask is not None:  # a left-out position's stand-in may have q_b = 0: keep it finite
                 log_size = log_size.where(mask, 0.0)
@@ -473,8 +529,8 @@ class SampledSoftmaxHead(ProposalHead):
         batch: BatchProposal | None,
         in_batch: InBatchNegatives | None,
     ) -> tuple[Tensor, list[Tensor], Tensor | None]:
-        """The sampled estimate's parts over this head's rows: one loop over the negative
-        sources (:mod:`.negative_sources`), the sampler's draws and the batch's targets.
+        """The sampled estimate's parts over this head's rows: :meth:`score` of the queries
+        over their negatives (:meth:`negatives_of`).
 
         Args:
             z: ``[T, D]`` scored queries.
@@ -488,9 +544,19 @@ class SampledSoftmaxHead(ProposalHead):
                 without in-batch negatives.
 
         Returns:
-            The positive's raw logit ``[T]``, each source's corrected columns ``[T, C_s]``, and
-            the positive's log-size ``[T]`` where the convention corrects it (else ``None``).
+            As :meth:`score`.
         """
+        return self.score(z, rows, hits, self.negatives_of(z, rows, batch, in_batch))
+
+    def negatives_of(
+        self,
+        z: Tensor,
+        rows: Tensor,
+        batch: BatchProposal | None,
+        in_batch: InBatchNegatives | None,
+    ) -> BatchNegatives:
+        """The negative sources of queries ``z`` ``[T, D]`` whose targets are ``rows`` ``[T]``
+        (:meth:`estimate`): the sampler's draws (made here) and ``in_batch``."""
         sources: list[NegativeSource] = []
         positive_log_q = None
         if self.num_local_negatives:
@@ -498,8 +564,22 @@ class SampledSoftmaxHead(ProposalHead):
             sources.append(DrawnNegatives(draw.ids, draw.log_q))
         if in_batch is not None:
             sources.append(in_batch)
+        return BatchNegatives(batch, sources, positive_log_q)
+
+    def score(
+        self, z: Tensor, rows: Tensor, hits: Tensor, negatives: BatchNegatives
+    ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+        """The one loop over the negative sources (:mod:`.negative_sources`): each source's
+        candidates scored against ``z`` ``[T, D]`` and corrected by their log-size (``rows`` and
+        ``hits`` ``[T]`` as in :meth:`estimate`; ``negatives`` of these rows).
+
+        Returns:
+            The positive's raw logit ``[T]``, each source's corrected columns ``[T, C_s]``, and
+            the positive's log-size ``[T]`` where the convention corrects it (else ``None``).
+        """
+        batch = negatives.batch
         pos, columns = None, []
-        for source in sources:
+        for source in negatives.sources:
             if pos is None:
                 pos, logits = self.target_and_candidate_logits(z, rows, source.ids)
             else:
@@ -508,7 +588,7 @@ class SampledSoftmaxHead(ProposalHead):
             columns.append(source.columns(logits, log_size, self.rules, hits))
         if not self.rules.corrects_positive:
             return pos, columns, None
-        return pos, columns, self.positive_log_size(rows, positive_log_q, batch)
+        return pos, columns, self.positive_log_size(rows, negatives.positive_log_q, batch)
 
     def in_batch_source(
         self, z: Tensor, ids: Tensor, candidates: BatchCandidates, own: Tensor | None
@@ -624,10 +704,40 @@ class SampledSoftmaxHead(ProposalHead):
     def sampled_losses(self, queries: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
         """Cross-entropy ``[T]`` of each positive among the corrected logits of
         :meth:`sampled_logits` (over a split table: :meth:`split_losses`); ``mask`` as
-        there."""
+        there.
+
+        The negatives are drawn and found once (:meth:`batch_negatives`); the rows are then
+        scored a block at a time (:func:`~lightning_sampled.ops.chunked.positions_per_block`),
+        each block under activation checkpointing when gradients are on (:meth:`in_blocks`), so
+        that neither the ``[T, 1 + C]`` logits nor the ``[T, M, D]`` gathered vectors are ever
+        held whole (at a language model's 4,088 positions, 100 draws per query and about 4,000
+        distinct targets they would be 66 MB and 418 MB, several times over): a block is scored
+        again in backward. Under ``torch.compile`` the rows are one block.
+        """
         if self.is_split:
             return self.split_losses(queries, target)
-        return softmax_losses(self.sampled_logits(queries, target, mask))
+        negatives = self.batch_negatives(queries, target, mask)
+        step = chunked.positions_per_block(
+            negatives.num_columns, negatives.gathered_per_row, queries.shape[-1]
+        )
+        if queries.shape[0] <= step or torch.compiler.is_compiling():
+            return self._block_losses(queries, target, mask, negatives)
+        blocks = (
+            (
+                queries[block],
+                target[block],
+                None if mask is None else mask[block],
+                negatives.rows(block),
+            )
+            for block in (slice(i, i + step) for i in range(0, queries.shape[0], step))
+        )
+        return self.in_blocks(self._block_losses, blocks)
+
+    def _block_losses(
+        self, z: Tensor, target: Tensor, mask: Tensor | None, negatives: BatchNegatives
+    ) -> Tensor:
+        """:meth:`sampled_losses` ``[t]`` of a block of rows (:meth:`corrected_logits`)."""
+        return softmax_losses(self.corrected_logits(z, target, mask, negatives))
 
     def _drawn_losses(self, queries: Tensor, target: Tensor, mask: Tensor) -> Tensor:
         """:meth:`sampled_losses` of the scored positions of :meth:`objective`: where it keeps

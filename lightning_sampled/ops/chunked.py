@@ -46,6 +46,17 @@ def positions_per_gather(num_candidates: int, dim: int) -> int:
     return max(1, MAX_BLOCK_ELEMENTS // max(num_candidates * dim, 1))
 
 
+def positions_per_block(num_columns: int, gathered_per_row: int, dim: int) -> int:
+    """Rows a sampled head scores at a time (at least 1): as many as keep three ``[t,
+    gathered_per_row, D]`` tensors (the gathered vectors, their gradient and its copy on the way
+    into the table's) and four ``[t, num_columns]`` ones (logits and corrections) within
+    :data:`MAX_BLOCK_ELEMENTS`, the exact head's block; so a block's gather is one gather
+    (:func:`positions_per_gather`), and the head's peak memory stays below the exact head's
+    (``benchmarks/results/hf_causal_lm.md``)."""
+    per_row = 3 * gathered_per_row * dim + 4 * num_columns
+    return max(1, MAX_BLOCK_ELEMENTS // max(per_row, 1))
+
+
 def compute_dtype(z: Tensor) -> torch.dtype:
     """The matmul dtype: the autocast dtype when autocast is on for ``z``'s device; otherwise
     fp32 for fp16 / bf16 ``z`` (half-precision products outside autocast lose accuracy, and fp16

@@ -40,3 +40,25 @@ def test_the_heads_are_the_default_and_the_plain_configuration():
     assert list(limited) == ["default", "plain", "default 3"]
     assert limited["default 3"].max_in_batch_draws == 3
     assert limited["default"].max_in_batch_draws is None
+
+
+def test_the_whole_block_variant_lifts_the_block_bound_for_its_step_only(tmp_path, monkeypatch):
+    """``--whole-block`` times the default with no bound on a block of rows (one block, no
+    checkpointing), and puts the bound back after each of its steps."""
+    from lightning_sampled.ops import chunked
+
+    tiny = {"dense": default_cost.Shape("tiny", 60, 300, 8, 5, False)}
+    monkeypatch.setattr(default_cost, "SHAPES", tiny)
+    monkeypatch.setattr(chunked, "MAX_BLOCK_ELEMENTS", 500)  # the default then takes blocks
+    seen = []
+    original = chunked.positions_per_block
+    monkeypatch.setattr(
+        chunked,
+        "positions_per_block",
+        lambda *a: seen.append(chunked.MAX_BLOCK_ELEMENTS) or original(*a),
+    )
+    argv = ["--shapes", "dense", "--limits", "--whole-block", "--repeats", "2"]
+    rows = default_cost.main([*argv, "--name", str(tmp_path / "dc")])
+    assert [r["head"] for r in rows] == ["default", "plain", "default, one block"]
+    assert set(seen) == {500, 2**62} and chunked.MAX_BLOCK_ELEMENTS == 500
+    assert "--whole-block" in (tmp_path / "dc.md").read_text()
