@@ -537,14 +537,14 @@ class OutputHead(nn.Module):
         return rows
 
     def row_sink(self) -> RowGradientSink | None:
-        """One dense gradient for the gathers of a forward that scores in blocks
-        (:mod:`~lightning_sampled.ops.row_gradients`), where the table takes a dense gradient;
-        ``None`` (each gather its own gradient) with ``sparse_grad``, a candidate tower, no
+        """One gradient for the gathers of a forward that scores in blocks
+        (:mod:`~lightning_sampled.ops.row_gradients`: dense, or row-sparse with
+        ``sparse_grad``); ``None`` (each gather its own gradient) with a candidate tower, no
         gradient, or under ``torch.compile``."""
-        dense = self.candidate_encoder is None and not self.sparse_grad
-        if not (dense and self.weight.requires_grad and torch.is_grad_enabled()):
+        table = self.candidate_encoder is None and self.weight.requires_grad
+        if not (table and torch.is_grad_enabled()) or torch.compiler.is_compiling():
             return None
-        return None if torch.compiler.is_compiling() else RowGradientSink.of(self.weight)
+        return RowGradientSink.of(self.weight, self.sparse_grad)
 
     @contextmanager
     def gathering_into(self, sink: RowGradientSink | None) -> Iterator[None]:

@@ -104,13 +104,13 @@ def test_blocks_with_sample_weights(monkeypatch):
 
 def test_the_block_size_follows_the_candidates_and_the_gathers():
     # 100 draws per query (and the positive) and ~3,930 batch targets at D = 256
-    per_row = 3 * 101 * 256 + 4 * 4_031
+    per_row = 2 * 101 * 256 + 4 * 4_031
     rows = chunked.positions_per_block(4_031, 101, 256)
     assert rows == chunked.MAX_BLOCK_ELEMENTS // per_row
     assert rows <= chunked.positions_per_gather(101, 256)  # the block's gather is one gather
     assert chunked.positions_per_block(10**9, 1, 1) == 1  # at least one row
     shared = chunked.positions_per_block(201, 1, 256)  # shared draws: one gathered row per row
-    assert shared == chunked.MAX_BLOCK_ELEMENTS // (3 * 256 + 4 * 201)
+    assert shared == chunked.MAX_BLOCK_ELEMENTS // (2 * 256 + 4 * 201)
 
 
 def test_every_row_is_scored_once_in_blocks(monkeypatch):
@@ -128,8 +128,8 @@ def test_every_row_is_scored_once_in_blocks(monkeypatch):
 
 
 def test_the_tables_gradient_is_made_once_in_the_sink(monkeypatch):
-    """Every gather of the blocks adds into one buffer (no per-block dense gradient); with
-    ``sparse_grad`` or a tower the blocks gather as before."""
+    """Every gather of the blocks adds into one buffer (no per-block dense gradient), or, with
+    ``sparse_grad``, into one sparse gradient; a tower's blocks gather as before."""
     monkeypatch.setattr(chunked, "MAX_BLOCK_ELEMENTS", 1200)
     buffers, adds = [], []
     original_add = row_gradients.RowGradients.add
@@ -146,10 +146,14 @@ def test_the_tables_gradient_is_made_once_in_the_sink(monkeypatch):
     head(z, target).backward()
     assert sum(buffers) == 1 and len(adds) > 6  # two gathers a block, one buffer
     assert head.weight.grad.layout == torch.strided
-    for name in ("sparse", "tower"):
-        adds.clear()
-        HEADS[name]()(z, target).backward()
-        assert adds == []
+    adds.clear()
+    sparse = HEADS["sparse"]()
+    sparse(z, target).backward()
+    assert len(adds) > 6 and sparse.weight.grad.layout == torch.sparse_coo
+    assert sparse.weight.grad._nnz() == sum(adds)  # every gathered row, kept as it came
+    adds.clear()
+    HEADS["tower"]()(z, target).backward()
+    assert adds == []  # a tower's parameters take their gradients through autograd
 
 
 def test_a_gradient_already_there_is_added_to():
@@ -165,21 +169,29 @@ def test_a_gradient_already_there_is_added_to():
     torch.testing.assert_close(head2.weight.grad, 2 * once)
 
 
-def test_the_sink_against_embeddings_backward():
-    """Gathers of several blocks (repeated rows, a 3-D id block) through one sink, and the same
-    through ``F.embedding``: equal gradients; rows that are read elsewhere too add up."""
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_sink_against_embeddings_backward(sparse):
+    """Gathers of several blocks (repeated rows, a 2-D id block) through one sink, and the same
+    through ``F.embedding``: equal gradients (row-sparse ones too); rows that are read elsewhere
+    too add up."""
     g = torch.Generator().manual_seed(4)
     weight = torch.randn(N, D, generator=g, requires_grad=True)
     ids = [torch.randint(N, (5, 3), generator=g), torch.tensor([[7, 7, 7]]), torch.arange(N)]
     scales = [torch.randn(*i.shape, D, generator=g) for i in ids]
-    sink = RowGradientSink.of(weight)
+    sink = RowGradientSink.of(weight, sparse)
     loss = sum((sink.gather(i) * s).sum() for i, s in zip(ids, scales, strict=True))
-    (loss + weight[2].sum()).backward()
+    loss.backward()
     want_weight = weight.detach().clone().requires_grad_(True)
-    want = sum((F.embedding(i, want_weight) * s).sum() for i, s in zip(ids, scales, strict=True))
-    (want + want_weight[2].sum()).backward()
-    torch.testing.assert_close(weight.grad, want_weight.grad)
-    assert sink.gradients.grad is None  # handed over
+    want = sum(
+        (F.embedding(i, want_weight, sparse=sparse) * s).sum()
+        for i, s in zip(ids, scales, strict=True)
+    )
+    want.backward()
+    assert weight.grad.layout == want_weight.grad.layout
+    torch.testing.assert_close(weight.grad.to_dense(), want_weight.grad.to_dense())
+    assert sink.gradients.take() is None  # handed over
+    weight[2].sum().backward()  # a read of the table itself adds to it
+    torch.testing.assert_close(weight.grad.to_dense()[2], want_weight.grad.to_dense()[2] + 1)
 
 
 def test_no_sink_without_gradients_or_for_a_frozen_table():
@@ -188,8 +200,9 @@ def test_no_sink_without_gradients_or_for_a_frozen_table():
         assert head.row_sink() is None
     head.weight.requires_grad_(False)
     assert head.row_sink() is None
-    assert HEADS["sparse"]().row_sink() is None and HEADS["tower"]().row_sink() is None
+    assert HEADS["tower"]().row_sink() is None
     assert isinstance(HEADS["default"]().row_sink(), RowGradientSink)
+    assert HEADS["sparse"]().row_sink().gradients.sparse
 
 
 def test_without_gradients_the_gathers_are_not_checkpointed(monkeypatch):
