@@ -1,11 +1,13 @@
 """What finding the in-batch candidates in fixed shapes costs: one training step of
 ``SampledSoftmaxHead(in_batch_negatives=True)`` with the candidates sorted (``[T, T]`` logits, no
-``torch.unique``: no host sync on a GPU, no graph break under ``torch.compile``) against the
+``torch.unique``: no host sync on a GPU, no graph break under ``torch.compile``; ``[T, N]`` where
+``N < T``) against the
 same step with the distinct targets of ``torch.unique`` (``[T, U]`` logits).
 
 The head finds its candidates by :func:`lightning_sampled.ops.in_batch.batch_candidates`:
-with ``in_batch_candidates="auto"``, sorted on a GPU and under ``torch.compile`` up to
-:data:`~lightning_sampled.ops.in_batch.FIXED_SHAPE_POSITIONS` positions, distinct elsewhere.
+with ``in_batch_candidates="auto"``, sorted on a GPU at any ``T`` and under ``torch.compile``
+on the CPU up to :data:`~lightning_sampled.ops.in_batch.FIXED_SHAPE_POSITIONS` positions,
+distinct elsewhere.
 Here both builders run at every ``T`` (``--positions``), forced by ``in_batch_candidates=
 "sorted"`` and ``"distinct"`` on two heads with the same initial table, on ``T`` targets drawn
 from a Zipf law over
@@ -121,7 +123,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"`num_negatives` 0 or 100 uniform), N = {args.classes:,} classes, D = {args.dim}, "
         f"Zipf targets; median of {args.repeats} rounds, the two builders alternating; "
         f"`vs_distinct`: the ratio to `torch.unique`'s distinct candidates in the same rounds. "
-        f"The head sorts up to {FIXED_SHAPE_POSITIONS:,} positions. Command: `python -m "
+        f"The head sorts at any T on a GPU, up to {FIXED_SHAPE_POSITIONS:,} positions under "
+        "torch.compile on the CPU. Command: `python -m "
         f"benchmarks.in_batch_step --positions {' '.join(map(str, args.positions))} --classes "
         f"{args.classes} --dim {args.dim} --repeats {args.repeats} --threads {args.threads} "
         f"--device {args.device}`."

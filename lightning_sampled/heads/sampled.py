@@ -206,10 +206,11 @@ class SampledSoftmaxHead(ProposalHead):
         frequency_decay: the weight of the newest step in the estimate of ``q_b``.
         in_batch_candidates: how the batch's distinct targets are found
             (:func:`~lightning_sampled.ops.in_batch.batch_candidates`): ``"auto"`` sorts them
-            in fixed shapes on a GPU and under ``torch.compile`` up to
-            :data:`~lightning_sampled.ops.in_batch.FIXED_SHAPE_POSITIONS` positions (no host
-            sync, no graph break) and uses ``torch.unique`` elsewhere; ``"sorted"`` or
-            ``"distinct"`` force one (over a split table the candidates are always distinct).
+            in fixed shapes (no host sync, no graph break) on a GPU at any batch size and
+            under ``torch.compile`` on the CPU up to
+            :data:`~lightning_sampled.ops.in_batch.FIXED_SHAPE_POSITIONS` positions, and uses
+            ``torch.unique`` elsewhere; ``"sorted"`` or ``"distinct"`` force one (over a split
+            table the candidates are always distinct).
         max_in_batch_draws: at most this many in-batch draws per query: where more positions
             are scored (over a split table: in every rank's batch together), the targets of
             this many positions drawn at random each step are the candidates
@@ -660,7 +661,7 @@ class SampledSoftmaxHead(ProposalHead):
         drawn, for :func:`~lightning_sampled.ops.in_batch.in_batch_logits`'s ``own``)."""
         method = self.in_batch_candidates if method is None else method
         if batch.positions is None:
-            return batch_candidates(target, mask, method), None
+            return batch_candidates(target, mask, method, self.num_classes), None
         return limited_candidates(target, mask, batch.positions, method), batch.positions.drawn
 
     def log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:

@@ -14,14 +14,16 @@ query (true of shuffled examples; positions of one sequence share a user, so the
 approximation). With ``M = 0`` it is the logQ correction of in-batch softmax, ``log((T - 1) q_b)``.
 
 A batch's targets repeat (popular items, frequent words), so the in-batch candidates are its
-distinct targets, each weighted by how many *other* positions hold it. On a GPU and under
-``torch.compile``, up to :data:`FIXED_SHAPE_POSITIONS` positions, they are found by a sort in
-fixed shapes (:func:`sorted_candidates`: ``T`` columns, the repeats and the left-out positions
-weighted 0): no ``torch.unique``, so no host sync and no graph break, at the price of ``[T, T]``
-logits instead of ``[T, U]``; elsewhere by ``torch.unique`` (:func:`distinct_candidates`: ``U``
-columns), which on the CPU is the cheaper (``benchmarks/in_batch_step.py``: there the sorted
-step costs up to twice as much, at 4,096 positions). A position left out (an ignored position
-kept, weighted 0, for static shapes) is neither a candidate nor a draw.
+distinct targets, each weighted by how many *other* positions hold it. On a GPU, at any number
+of positions, and under ``torch.compile`` on the CPU up to :data:`FIXED_SHAPE_POSITIONS`, they
+are found by a sort in fixed shapes (:func:`sorted_candidates`: ``min(T, N)`` columns, the
+repeats, the left-out positions and the unused columns weighted 0): no ``torch.unique``, so no
+host sync and no graph break, at the price of ``[T, min(T, N)]`` logits instead of ``[T, U]``
+(the head scores them a block of rows at a time, so memory stays bounded); elsewhere by
+``torch.unique`` (:func:`distinct_candidates`: ``U`` columns), which on the CPU is the cheaper
+(``benchmarks/in_batch_step.py``: there the sorted step costs up to twice as much, at 4,096
+positions). A position left out (an ignored position kept, weighted 0, for static shapes) is
+neither a candidate nor a draw.
 
 The ``[T, U]`` block grows with the batch: at a 1M-item SASRec batch (6,400 positions, 3,555
 distinct targets, 20 sampled negatives) it made the head's step 19x the plain head's on a CPU
@@ -45,8 +47,9 @@ from .._random import rand
 from .._validation import sync_free
 from ..samplers.frequency import counted
 
-#: the most scored positions whose candidates :func:`batch_candidates` finds in fixed shapes
-#: (``[T, T]`` logits: 16.8 million at 4,096 positions)
+#: the most scored positions whose candidates :func:`batch_candidates` finds in fixed shapes under
+#: ``torch.compile`` on the CPU (``[T, T]`` products: 16.8 million logits at 4,096 positions); on a
+#: GPU there is no limit
 FIXED_SHAPE_POSITIONS = 4096
 #: how :func:`batch_candidates` finds the candidates
 CANDIDATE_METHODS = ("auto", "sorted", "distinct")
@@ -73,19 +76,23 @@ class BatchCandidates(NamedTuple):
 
 
 def batch_candidates(
-    target: Tensor, mask: Tensor | None = None, method: str = "auto"
+    target: Tensor,
+    mask: Tensor | None = None,
+    method: str = "auto",
+    num_classes: int | None = None,
 ) -> BatchCandidates:
     """The distinct targets of a batch of targets ``[T]`` (long) but the positions ``mask``
     (bool ``[T]``) leaves out, with their multiplicities, by ``method``
-    (:data:`CANDIDATE_METHODS`): ``"sorted"`` (:func:`sorted_candidates`), ``"distinct"``
+    (:data:`CANDIDATE_METHODS`): ``"sorted"`` (:func:`sorted_candidates`, at most
+    ``num_classes`` columns and one for the left-out positions), ``"distinct"``
     (:func:`distinct_candidates`) or ``"auto"``, sorted where the shapes must not depend on the
-    targets (:func:`~lightning_sampled._validation.sync_free`) and ``T`` is at most
-    :data:`FIXED_SHAPE_POSITIONS`, else distinct."""
+    targets (:func:`~lightning_sampled._validation.sync_free`): on a GPU at any ``T``, on the
+    CPU (under ``torch.compile``) up to :data:`FIXED_SHAPE_POSITIONS`; else distinct."""
     if method == "auto":
-        fixed = sync_free(target) and target.numel() <= FIXED_SHAPE_POSITIONS
-        method = "sorted" if fixed else "distinct"
+        small = target.device.type != "cpu" or target.numel() <= FIXED_SHAPE_POSITIONS
+        method = "sorted" if sync_free(target) and small else "distinct"
     if method == "sorted":
-        return sorted_candidates(target, mask)
+        return sorted_candidates(target, mask, num_classes)
     return distinct_candidates(target, mask)
 
 
@@ -104,11 +111,18 @@ def distinct_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCand
     )
 
 
-def sorted_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCandidates:
+def sorted_candidates(
+    target: Tensor, mask: Tensor | None = None, num_classes: int | None = None
+) -> BatchCandidates:
     """:func:`batch_candidates` in fixed shapes: the ``T`` targets sorted, each run of equal
     ones counted in its first column (the others, and the left-out positions, count 0), each
     position's column that first one (``-1`` if left out). A sort and three binary searches; no
-    shape depends on the targets."""
+    shape depends on the targets.
+
+    Where ``num_classes`` leaves fewer possible runs than positions (``N < T``, one run more for
+    the left-out positions), the runs are moved to the first ``W = N (+ 1)`` columns in their
+    sorted order (:func:`_compacted`): ``[T, W]`` logits instead of ``[T, T]``, e.g. at a
+    recommender's 25,600 positions over 3,706 items."""
     key = counted(target, mask, _BEYOND)
     ordered, order = key.sort()
     start = torch.searchsorted(ordered, ordered)  # each run's first column
@@ -119,7 +133,27 @@ def sorted_candidates(target: Tensor, mask: Tensor | None = None) -> BatchCandid
     if mask is not None:
         column = column.where(mask, -1)
     # a left-out position's column holds its own (stand-in) target: a class id, counted 0
-    return BatchCandidates(target.index_select(0, order), counts, column)
+    candidates = BatchCandidates(target.index_select(0, order), counts, column)
+    width = None if num_classes is None else num_classes + (mask is not None)
+    if width is None or width >= target.numel():
+        return candidates
+    return _compacted(candidates, start, width)
+
+
+def _compacted(candidates: BatchCandidates, start: Tensor, width: int) -> BatchCandidates:
+    """:func:`sorted_candidates`' runs (``start`` ``[T]``: each sorted column's run's first
+    column) moved to their rank among the runs, in ``width`` columns (at least the number of
+    runs): every position of a run writes the id of the run's first column and adds its count
+    (non-zero at the first only) to the run's column; the columns no run reaches hold the largest
+    candidate id, counted 0, so the ids stay sorted where they count."""
+    first = start == torch.arange(start.numel(), device=start.device)
+    run = first.long().cumsum(0) - 1  # each sorted position's run
+    ids = candidates.ids.max().expand(width).clone()
+    ids = ids.scatter(0, run, candidates.ids.gather(0, start))  # equal writes: deterministic
+    counts = torch.zeros(width, dtype=candidates.counts.dtype, device=run.device)
+    counts = counts.scatter_add(0, run, candidates.counts)
+    column = run.gather(0, candidates.column.clamp(min=0))
+    return BatchCandidates(ids, counts, column.where(candidates.column >= 0, -1))
 
 
 class DrawnPositions(NamedTuple):

@@ -95,18 +95,23 @@ HEADS = {
 }
 
 
-def batch(weighted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Queries ``[16, 256, D]``, targets with ignored positions, optional sample weights."""
+def batch(
+    weighted: bool, shape: tuple[int, int] = SHAPE, classes: int = N
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Queries ``[*shape, D]`` (``[16, 256, D]``), targets among ``classes`` with ignored
+    positions, optional sample weights."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    z = torch.randn(*SHAPE, D, device="cuda", generator=g, requires_grad=True)
-    target = torch.randint(N, SHAPE, device="cuda", generator=g)
+    z = torch.randn(*shape, D, device="cuda", generator=g, requires_grad=True)
+    target = torch.randint(classes, shape, device="cuda", generator=g)
     target[:, -17:] = IGNORE  # padded ends of sequences
-    weight = torch.rand(SHAPE, device="cuda", generator=g) if weighted else None
+    weight = torch.rand(shape, device="cuda", generator=g) if weighted else None
     return z, target, weight
 
 
-def step(head: torch.nn.Module, weighted: bool) -> None:
-    z, target, weight = batch(weighted)
+def step(
+    head: torch.nn.Module, weighted: bool, shape: tuple[int, int] = SHAPE, classes: int = N
+) -> None:
+    z, target, weight = batch(weighted, shape, classes)
     head(z, target, weight).backward()
 
 
@@ -121,6 +126,24 @@ def test_sampled_softmax_forward_and_backward_make_no_host_sync(make, weighted, 
     with sync_debug("error"):
         step(head, weighted)
     assert head.weight.grad is not None and head.weight.grad.is_sparse == sparse_grad
+
+
+@pytest.mark.parametrize("shape", [(25, 256), (100, 256)], ids=["6400", "25600"])
+@pytest.mark.parametrize("classes", [N, 3_706], ids=["50k_classes", "3706_classes"])
+@pytest.mark.parametrize("name", ["in_batch", "mixed"])
+def test_in_batch_negatives_make_no_host_sync_at_a_recommenders_batch(name, classes, shape):
+    """Above 4,096 positions the batch's targets are still sorted in fixed shapes (no
+    ``torch.unique``), in ``min(T, N)`` columns: MovieLens-1M's 3,706 items at 25,600
+    positions take 3,706."""
+    options = {"num_negatives": 0} if name == "in_batch" else {"num_negatives": M}
+    head = SampledSoftmaxHead(
+        classes, D, in_batch_negatives=True, ignore_index=IGNORE, **options
+    ).cuda()
+    step(head, False, shape, classes)
+    head.zero_grad(set_to_none=True)
+    with sync_debug("error"):
+        step(head, False, shape, classes)
+    assert head.weight.grad is not None
 
 
 def test_tapas_first_pass_still_syncs():

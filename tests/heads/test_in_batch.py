@@ -593,3 +593,68 @@ def test_a_limited_static_shape_batch_draws_only_its_scored_positions(monkeypatc
         convention="corrected_all",
     )
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sorted_candidates_over_fewer_classes_than_positions_take_one_column_per_class(masked):
+    """With ``N < T`` the sorted runs are moved to the first ``N`` (+ 1 for the left-out
+    positions) columns: the counted columns are the distinct targets in order, with their
+    counts, and every scored position's column is its target's; the other columns count 0."""
+    g = torch.Generator().manual_seed(3)
+    n, t = 12, 70
+    target = torch.randint(n, (t,), generator=g)
+    target[:5] = 11  # one class held by many, one (the largest) class held
+    mask = torch.rand(t, generator=g) > 0.3 if masked else None
+    got = sorted_candidates(target, mask, num_classes=n)
+    want = distinct_candidates(target[mask] if masked else target)
+    counted = got.counts > 0
+    assert got.ids.numel() == got.counts.numel() == n + masked
+    assert got.ids[counted].tolist() == want.ids.tolist()
+    assert got.counts[counted].tolist() == want.counts.tolist()
+    assert got.counts.sum() == (t if mask is None else int(mask.sum()))
+    assert ((got.ids >= 0) & (got.ids < n)).all()  # a class id in every column
+    scored = torch.ones(t, dtype=torch.bool) if mask is None else mask
+    assert (got.column[~scored] == -1).all()
+    assert torch.equal(got.ids[got.column[scored]], target[scored])
+    assert counted[got.column[scored]].all()
+    # as many classes as positions: the sort's own T columns
+    assert sorted_candidates(target, mask, num_classes=t).ids.numel() == t
+
+
+@pytest.mark.parametrize("convention", ["corrected_all", "exact_positive"])
+def test_the_compacted_sort_gives_the_distinct_candidates_loss_and_gradients(convention):
+    """The head over 9 classes and 40 positions (8 ignored, kept with their mask): the sorted
+    candidates in 10 columns give the losses and gradients of ``torch.unique``'s."""
+    n, d = 9, 5
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(4, 10, d, generator=g)
+    target = torch.randint(n, (4, 10), generator=g)
+    target[3, 2:] = -100
+
+    def run(candidates):
+        torch.manual_seed(0)
+        head = SampledSoftmaxHead(
+            n, d, num_negatives=3, convention=convention, in_batch_candidates=candidates
+        )
+        queries = z.clone().requires_grad_()
+        with mock.patch("lightning_sampled.ops.inputs.sync_free", return_value=True):
+            loss = head(queries, target)  # every position kept, the ignored ones masked
+        loss.backward()
+        return loss.detach(), queries.grad, head.weight.grad
+
+    for got, want in zip(run("sorted"), run("distinct"), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_on_a_gpu_the_sort_has_no_limit_on_positions():
+    """Where the shapes must not depend on the targets and the tensors are not on the CPU (a
+    ``meta`` tensor stands for CUDA here), any number of positions is sorted: 25,600 positions
+    over 3,706 classes in 3,706 columns, over 50,000 classes in 25,600; never ``torch.unique``."""
+    target = torch.empty(25_600, dtype=torch.long, device="meta")
+    module = "lightning_sampled.ops.in_batch"
+    with (
+        mock.patch(f"{module}.sync_free", return_value=True),
+        mock.patch(f"{module}.distinct_candidates", side_effect=AssertionError),
+    ):
+        assert batch_candidates(target, num_classes=3_706).ids.shape == (3_706,)
+        assert batch_candidates(target, num_classes=50_000).ids.shape == (25_600,)
