@@ -48,12 +48,12 @@ def positions_per_gather(num_candidates: int, dim: int) -> int:
 
 def positions_per_block(num_columns: int, gathered_per_row: int, dim: int) -> int:
     """Rows a sampled head scores at a time (at least 1): as many as keep two ``[t,
-    gathered_per_row, D]`` tensors (the gathered vectors and their gradient) and four ``[t,
-    num_columns]`` ones (logits and corrections) within :data:`MAX_BLOCK_ELEMENTS`, the exact
-    head's block; so a block's gather is one gather (:func:`positions_per_gather`), and the
-    default head's peak memory stays below the exact head's
-    (``benchmarks/results/hf_causal_lm.md``)."""
-    per_row = 2 * gathered_per_row * dim + 4 * num_columns
+    gathered_per_row, D]`` tensors (the gathered vectors and their gradient) and eight ``[t,
+    num_columns]`` ones (the logits, their corrections and concatenation, the softmax and its
+    gradient, as measured) within :data:`MAX_BLOCK_ELEMENTS`, the exact head's block; so a
+    block's gather is one gather (:func:`positions_per_gather`), and the sampled heads' peak
+    memory stays below the exact head's (``benchmarks/results/hf_causal_lm.md``)."""
+    per_row = 2 * gathered_per_row * dim + 8 * num_columns
     return max(1, MAX_BLOCK_ELEMENTS // max(per_row, 1))
 
 

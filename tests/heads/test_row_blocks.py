@@ -104,13 +104,13 @@ def test_blocks_with_sample_weights(monkeypatch):
 
 def test_the_block_size_follows_the_candidates_and_the_gathers():
     # 100 draws per query (and the positive) and ~3,930 batch targets at D = 256
-    per_row = 2 * 101 * 256 + 4 * 4_031
+    per_row = 2 * 101 * 256 + 8 * 4_031
     rows = chunked.positions_per_block(4_031, 101, 256)
     assert rows == chunked.MAX_BLOCK_ELEMENTS // per_row
     assert rows <= chunked.positions_per_gather(101, 256)  # the block's gather is one gather
     assert chunked.positions_per_block(10**9, 1, 1) == 1  # at least one row
     shared = chunked.positions_per_block(201, 1, 256)  # shared draws: one gathered row per row
-    assert shared == chunked.MAX_BLOCK_ELEMENTS // (2 * 256 + 4 * 201)
+    assert shared == chunked.MAX_BLOCK_ELEMENTS // (2 * 256 + 8 * 201)
 
 
 def test_every_row_is_scored_once_in_blocks(monkeypatch):
