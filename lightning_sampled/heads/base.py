@@ -588,19 +588,25 @@ class OutputHead(nn.Module):
         step = chunked.positions_per_gather(ids.shape[1], z.shape[-1])
         if ids.shape[0] <= step:
             return self._gathered_logits(z, ids)
-        blocks = zip(z.split(step), ids.split(step), strict=True)
+        blocks = [(z[rows], ids[rows]) for rows in chunked.row_blocks(ids.shape[0], step)]
         return self.in_blocks(self._gathered_logits, blocks)
 
     def in_blocks(self, fn: Callable[..., Tensor], blocks: Iterable[tuple]) -> Tensor:
         """``fn(*args)`` for each block's ``args``, concatenated along the rows. With gradients
-        each block runs under activation checkpointing (it keeps its inputs only and runs again
-        in backward), its gathers from the table adding into one dense gradient
-        (:meth:`row_sink`)."""
+        every block but the last runs under activation checkpointing (it keeps its inputs only
+        and runs again in backward; the last keeps what it saves, one block, which backward
+        frees before it runs the others again), and the gathers from the table add into one
+        gradient (:meth:`row_sink`)."""
+        blocks = list(blocks)
         if not torch.is_grad_enabled():
             return torch.cat([fn(*args) for args in blocks])
         sink = self._row_sink or self.row_sink()
+        *earlier, last = blocks
         return torch.cat(
-            [checkpoint(self._in_sink, fn, sink, *args, use_reentrant=False) for args in blocks]
+            [
+                *(checkpoint(self._in_sink, fn, sink, *a, use_reentrant=False) for a in earlier),
+                self._in_sink(fn, sink, *last),
+            ]
         )
 
     def _in_sink(self, fn: Callable[..., Tensor], sink: RowGradientSink | None, *args) -> Tensor:

@@ -730,7 +730,7 @@ class SampledSoftmaxHead(ProposalHead):
                 None if mask is None else mask[block],
                 negatives.rows(block),
             )
-            for block in (slice(i, i + step) for i in range(0, queries.shape[0], step))
+            for block in chunked.row_blocks(queries.shape[0], step)
         )
         return self.in_blocks(self._block_losses, blocks)
 

@@ -57,6 +57,16 @@ def positions_per_block(num_columns: int, gathered_per_row: int, dim: int) -> in
     return max(1, MAX_BLOCK_ELEMENTS // max(per_row, 1))
 
 
+def row_blocks(num_rows: int, step: int) -> list[slice]:
+    """Slices of at most ``step`` rows covering ``[0, num_rows)``, the short one first: a head
+    that scores blocks under activation checkpointing runs the last block without it (its saved
+    tensors are the one block that checkpointing holds anyway), so the last is a whole block."""
+    short = num_rows % step
+    starts = [0, *range(short, num_rows, step)] if short else list(range(0, num_rows, step))
+    ends = [*starts[1:], num_rows]
+    return [slice(start, end) for start, end in zip(starts, ends, strict=True)]
+
+
 def compute_dtype(z: Tensor) -> torch.dtype:
     """The matmul dtype: the autocast dtype when autocast is on for ``z``'s device; otherwise
     fp32 for fp16 / bf16 ``z`` (half-precision products outside autocast lose accuracy, and fp16
