@@ -80,6 +80,7 @@ RUNS: dict[str, Run] = {
     "matched_shared": Run("gcide", "uniform", 0, True, "corrected_all@400"),
     "exact_positive_batch": Run("gcide", "uniform", 0, False, "exact_positive+batch"),
     "batch_only": Run("gcide", "uniform", 0, False, "batch_only"),
+    "cane_reference": Run("gcide", "cane", 0),
 }
 #: what each configuration is, in words
 LABELS = {
@@ -90,6 +91,7 @@ LABELS = {
     "matched_shared": "matched control: corrected_all, 400 shared uniform draws",
     "exact_positive_batch": "exact_positive + in-batch, uniform per query",
     "batch_only": "in-batch negatives alone (no draws)",
+    "cane_reference": "CANE (4 beam-search candidates + 16 uniform noises per query)",
 }
 #: GCIDE's training steps in one epoch (the whole split as 32 rows of 35-token windows)
 EPOCH_STEPS = 8581
