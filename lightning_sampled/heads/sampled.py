@@ -13,7 +13,7 @@ section "The sampled-softmax estimator and the default configuration", not here.
 
 The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
 positions, which grows with the batch (``benchmarks/results/default_cost.md``: on a CPU the
-head's step alone costs from under 2x the plain head's at a language model's batch to 7-19x at
+head's step alone costs from under 2x the plain head's at a language model's batch to 8-19x at
 a 1M-item recommender's). ``max_in_batch_draws=K`` bounds it: the targets of ``K`` positions
 drawn at random each step are the in-batch candidates, ``K`` draws per query instead of
 ``T - 1``. It is consistent but no free lunch: in issue 31's grid it kept most of the default's

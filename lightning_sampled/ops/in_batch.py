@@ -26,7 +26,7 @@ positions). A position left out (an ignored position kept, weighted 0, for stati
 neither a candidate nor a draw.
 
 The ``[T, U]`` block grows with the batch: at a 1M-item SASRec batch (6,400 positions, 3,555
-distinct targets, 20 sampled negatives) it made the head's step 7-19x the plain head's on a CPU
+distinct targets, 20 sampled negatives) it made the head's step 8-19x the plain head's on a CPU
 (``benchmarks/results/default_cost.md``, two runs). A limit ``K`` on the in-batch draws bounds
 it: the targets of ``K`` positions drawn at random without replacement (:func:`drawn_positions`)
 are the candidates (:func:`limited_candidates`), ``[T, U_K]`` with ``U_K <= K``. Drawn
