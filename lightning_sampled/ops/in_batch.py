@@ -137,16 +137,18 @@ def sorted_candidates(
     width = None if num_classes is None else num_classes + (mask is not None)
     if width is None or width >= target.numel():
         return candidates
-    return _compacted(candidates, start, width)
+    return _compacted(candidates, start, first, width)
 
 
-def _compacted(candidates: BatchCandidates, start: Tensor, width: int) -> BatchCandidates:
+def _compacted(
+    candidates: BatchCandidates, start: Tensor, first: Tensor, width: int
+) -> BatchCandidates:
     """:func:`sorted_candidates`' runs (``start`` ``[T]``: each sorted column's run's first
-    column) moved to their rank among the runs, in ``width`` columns (at least the number of
-    runs): every position of a run writes the id of the run's first column and adds its count
-    (non-zero at the first only) to the run's column; the columns no run reaches hold the largest
-    candidate id, counted 0, so the ids stay sorted where they count."""
-    first = start == torch.arange(start.numel(), device=start.device)
+    column; ``first``: bool ``[T]``, whether a column is its run's first) moved to their rank
+    among the runs, in ``width`` columns (at least the number of runs): every position of a run
+    writes the id of the run's first column and adds its count (non-zero at the first only) to
+    the run's column; the columns no run reaches hold the largest candidate id, counted 0, so
+    the ids stay sorted where they count."""
     run = first.long().cumsum(0) - 1  # each sorted position's run
     ids = candidates.ids.max().expand(width).clone()
     ids = ids.scatter(0, run, candidates.ids.gather(0, start))  # equal writes: deterministic

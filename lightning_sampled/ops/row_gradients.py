@@ -2,14 +2,13 @@
 
 A sampled head that scores its rows a block at a time (under activation checkpointing) gathers
 class vectors once per block. ``F.embedding``'s backward gives each gather its own gradient: a
-dense ``[N, D]`` one, zeroed and then added to the others (at a language model's shape, 4,088
-positions in 42 blocks over a 50,257-word table, that zeroing and adding was half of the step),
-or a sparse one that autograd adds to the others one at a time (1.45x the step of one block at
-GCIDE's shape, 1,120 positions in two blocks). Here every gather of a :class:`RowGradientSink`
-adds its rows' gradients into one ``[N, D]`` buffer, allocated at the first backward, or, for a
-row-sparse table, keeps them, and the table's gradient is handed over once: that buffer, or one
-sparse COO tensor of every gathered row (uncoalesced, as ``F.embedding(..., sparse=True)``
-gives).
+dense ``[N, D]`` one, zeroed and then added to the others (one ``[N, D]`` fill and add per
+gather), or a sparse one that autograd adds to the sum so far (each addition copies every row
+gathered before it: quadratic in the number of blocks). Here every gather of a
+:class:`RowGradientSink` adds its rows' gradients into one ``[N, D]`` buffer, allocated at the
+first backward, or, for a row-sparse table, keeps them, and the table's gradient is handed over
+once: that buffer, or one sparse COO tensor of every gathered row (uncoalesced, as
+``F.embedding(..., sparse=True)`` gives).
 
 Only the first-order gradient is supported (no ``create_graph`` through the gathers).
 """
