@@ -57,9 +57,10 @@ from ..sharding.collectives import (
     as_process_group,
     check_same_on_every_rank,
     is_distributed,
+    one_outcome,
     world_and_rank,
 )
-from .sharded import sharded_embed, sharded_nll, sharded_topk
+from .sharded import agreed, sharded_embed, sharded_nll, sharded_topk, shared_settings
 from .table_init import fill_new_rows, new_table, new_table_seed, seeded_rows
 
 
@@ -366,6 +367,7 @@ class OutputHead(nn.Module):
         gradients by the group's size."""
         check_same_on_every_rank(
             {
+                **shared_settings(self),  # the sampler's kind, the negatives, ... as text
                 "head": type(self).__name__,
                 "num_classes": self.num_classes,
                 "dim": self.dim,
@@ -388,7 +390,9 @@ class OutputHead(nn.Module):
                 param.register_hook(MeanOverRanks(world))
         self.shard_map = shard_map
         self.shard_layout.copy_(torch.tensor([self.num_classes, world, rank]))
-        self._after_split()
+        # e.g. a rank holding no class its proposal draws: every rank raises, none waits
+        with one_outcome(f"{type(self).__name__}.shard", self.process_group):
+            self._after_split()
 
     def whole_table(self, first_rank_only: bool = False) -> dict[str, Tensor]:
         """``{"weight": [N, D], "bias": [N]}`` (no ``"bias"`` without one): the whole table, in
@@ -420,6 +424,7 @@ class OutputHead(nn.Module):
     def _after_split(self) -> None:
         """Called once the table is split: subclasses split what else they hold per class."""
 
+    @agreed()
     def embed(self, ids: Tensor) -> Tensor:
         """The class table's rows of ``ids`` (any shape): ``[*ids.shape, D]``, as an input
         embedding tied to the table reads them (e.g. SASRec's item embedding); row-sparse
@@ -691,6 +696,7 @@ class OutputHead(nn.Module):
         ]
         return torch.cat(parts, dim=1).reshape(*z.shape[:-1], self.num_classes)
 
+    @agreed()
     def log_prob(self, z: Tensor, target: Tensor) -> Tensor:
         """Exact ``log softmax(logits)[target]``, fp32 ``[...]``, differentiable.
 
@@ -702,6 +708,7 @@ class OutputHead(nn.Module):
             out = out.masked_scatter(mask, -self._exact_losses(queries, y))
         return out
 
+    @agreed()
     def full_loss(
         self,
         z: Tensor,
@@ -822,6 +829,7 @@ class OutputHead(nn.Module):
         )
 
     @torch.no_grad()
+    @agreed()
     def topk(self, z: Tensor, k: int, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Exact top-``k`` classes of each query, in class chunks.
 
@@ -963,6 +971,17 @@ class OutputHead(nn.Module):
         index follow (:meth:`_after_growth`). The old classes' rows, biases and optimizer state
         are kept exactly.
 
+        On a table split across ranks every rank calls it with the same ``num_new`` and
+        ``init`` and gains the rows of the new classes it holds by the layout's rule (class
+        ``c`` on rank ``c mod W``, :class:`~lightning_sampled.sharding.ShardMap`); its proposal
+        grows by those rows and the layout (``shard_layout``) by the classes, so that its
+        checkpoints load into a head of ``N + num_new`` classes. Each rank makes (or is given)
+        the whole ``[num_new, D]`` block of new rows and keeps its own: with ``init=None`` the
+        grown table is one process's where torch's global generator is seeded alike on every
+        rank (``seed_everything``). An error on one rank is raised on every rank
+        (:class:`~lightning_sampled.sharding.collectives.RankInputError`, naming it), before
+        anything grows.
+
         Args:
             num_new: how many classes, ``>= 1``.
             init: the new rows: ``None`` draws them as the table was drawn (``init_std``),
@@ -973,14 +992,44 @@ class OutputHead(nn.Module):
                 ``trainer.optimizers``).
 
         Raises:
-            ValueError: a split table, a head whose class vectors are derived from a tree
-                (:attr:`growth_refusal`), an ``ignore_index`` that would become a class id, an
-                ``init`` of the wrong shape, with NaN or infinite entries, or rows the
-                proposal's index cannot hold (:meth:`Sampler.check_class_rows`). Nothing has
-                changed when it raises.
+            ValueError: a head whose class vectors are derived from a tree
+                (:attr:`growth_refusal`) or come from a candidate tower, an ``ignore_index``
+                that would become a class id, an ``init`` of the wrong shape, with NaN or
+                infinite entries, or rows the proposal's index cannot hold
+                (:meth:`Sampler.check_class_rows`); ranks that disagree on ``num_new``. Nothing
+                has changed when it raises.
         """
-        num_new = check_positive_int("num_new", num_new)
-        self.refuse_split("add_classes", "grow the catalog before sharding the table")
+        with one_outcome(
+            f"{type(self).__name__}.add_classes",
+            self.process_group,
+            shared={"num_new": num_new, "num_classes": self.num_classes},
+            enabled=self.is_split,
+        ):
+            num_new = check_positive_int("num_new", num_new)
+            rows = self._new_rows(num_new, init)
+        # everything that can refuse the rows has run on every rank: all or nothing
+        old, old_rows = self.num_classes, self.weight.shape[0]
+        grown = [self.weight] if self.bias is None else [self.weight, self.bias]
+        self.weight.data = torch.cat([self.weight.data, rows])
+        if self.bias is not None:
+            self.bias.data = torch.cat([self.bias.data, self.bias.new_zeros(rows.shape[0])])
+        for param in grown:  # an accumulated gradient keeps its values, 0 on the new rows
+            if param.grad is not None:
+                param.grad = grown_rows(param.grad, param.shape[0])
+        self.num_classes = old + num_new
+        if self.is_split:
+            self.shard_map = self.shard_map.grown(self.num_classes)
+        if self.sharded:  # (N, W, r), as _split sets it; W = 1 where one process holds it all
+            self.shard_layout[0] = self.num_classes
+        for optimizer in optimizers:
+            for param in grown:
+                grow_state_rows(optimizer, param, old_rows)
+        self._after_growth(num_new)
+
+    def _new_rows(self, num_new: int, init: Tensor | Callable[[Tensor], Any] | None) -> Tensor:
+        """The rows ``[K, D]`` that :meth:`add_classes` appends to this rank's table: the
+        ``num_new`` new classes' (``K = num_new``), or on a split table those of them it holds;
+        checked, so that nothing grows unless every check passed."""
         self._require_table()
         if self.candidate_encoder is not None:
             raise ValueError(
@@ -1006,27 +1055,17 @@ class OutputHead(nn.Module):
             rows.copy_(init)
         else:
             init(rows)
-        # everything that can refuse the rows runs before anything grows: all or nothing
         if not bool(torch.isfinite(rows).all()):  # a host check: add_classes is never hot
             raise ValueError(
                 f"init gave new rows with NaN or infinite entries; nothing was added "
                 f"(the head still has {old} classes)"
             )
+        if self.is_split:
+            # the new classes this rank holds come after its old rows, in class order
+            ids = self.shard_map.grown(old + num_new).shard_ids(rows.device)
+            rows = rows[ids[self.shard_map.num_local() :] - old]
         self._check_new_rows(rows)
-        grown = [self.weight] if self.bias is None else [self.weight, self.bias]
-        self.weight.data = torch.cat([self.weight.data, rows])
-        if self.bias is not None:
-            self.bias.data = torch.cat([self.bias.data, self.bias.new_zeros(num_new)])
-        for param in grown:  # an accumulated gradient keeps its values, 0 on the new rows
-            if param.grad is not None:
-                param.grad = grown_rows(param.grad, param.shape[0])
-        self.num_classes = old + num_new
-        if self.sharded:  # a one-process sharded head holds the whole, grown table
-            self.shard_layout.copy_(torch.tensor([self.num_classes, 1, 0]))
-        for optimizer in optimizers:
-            for param in grown:
-                grow_state_rows(optimizer, param, old)
-        self._after_growth(num_new)
+        return rows
 
     def _check_tower(self, encoder: nn.Module, weight: nn.Parameter | None, sharded: bool) -> None:
         """Checks a ``candidate_encoder`` against the head and the other options."""

@@ -8,6 +8,7 @@ from torch import Tensor
 from ..ops.fused import fused_nll
 from .base import OutputHead
 from .exact_backends import check_exact_backend, handoff_nll, resolve_backend
+from .sharded import agreed
 
 
 class FullSoftmaxHead(OutputHead):
@@ -54,6 +55,7 @@ class FullSoftmaxHead(OutputHead):
         )
         self._shard_if_distributed()
 
+    @agreed()
     def forward(
         self,
         z: Tensor,

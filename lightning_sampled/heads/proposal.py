@@ -19,6 +19,7 @@ from ..ops.chunked import scored_rows
 from ..ops.inputs import check_reduction, nothing_scored, reduce_losses
 from ..samplers import Sampler, UniformSampler
 from .base import OutputHead
+from .sharded import agreed
 
 
 class ProposalHead(OutputHead, abc.ABC):
@@ -98,9 +99,13 @@ class ProposalHead(OutputHead, abc.ABC):
         self.sampler.check_class_rows(rows)
 
     def _after_growth(self, num_new: int) -> None:
-        """The proposal's support grows (:meth:`~lightning_sampled.samplers.Sampler.
-        add_classes`) and its index is rebuilt from the grown table."""
-        self.sampler.add_classes(num_new)
+        """The proposal's support grows to the table's new rows
+        (:meth:`~lightning_sampled.samplers.Sampler.add_classes`: on a split table, those of
+        the ``num_new`` classes this rank holds, to which its proposal is restricted) and its
+        index is rebuilt from the grown table."""
+        added_here = self.shard_ids.numel() - self.sampler.num_classes
+        if added_here:
+            self.sampler.add_classes(added_here)
         self.refresh_index()
 
     def proposal_loss(self, queries: Tensor) -> Tensor:
@@ -154,6 +159,7 @@ class ProposalHead(OutputHead, abc.ABC):
             lambda queries, y, mask: self.sampled_losses(queries, y),
         )
 
+    @agreed("forward")
     def objective(
         self,
         z: Tensor,

@@ -65,6 +65,17 @@ class ShardMap:
             return None
         return padding_idx // self.world_size
 
+    def grown(self, num_classes: int) -> ShardMap:
+        """The map of the same ranks over ``num_classes >= N`` classes: every class keeps its
+        rank and local row, and each rank's new classes follow its old rows in class order
+        (what a split table's growth appends, :meth:`~lightning_sampled.heads.OutputHead.
+        add_classes`)."""
+        if num_classes < self.num_classes:
+            raise ValueError(
+                f"num_classes must be >= {self.num_classes} (a map only grows), got {num_classes}"
+            )
+        return ShardMap(num_classes, self.world_size, self.rank)
+
     def __repr__(self) -> str:
         return (
             f"ShardMap(num_classes={self.num_classes}, world_size={self.world_size}, "
