@@ -19,11 +19,12 @@ a linear encoder. Each rank measures:
   timed steps.
 
 The bytes have a closed form (:func:`expected_bytes`), from :mod:`lightning_sampled.heads.
-stratified`: per step and rank, ``16 + T (4 D + 8)`` forward for the sizes, the queries and the
-targets it sends, and ``W T (4 D + 24)`` for the positives' logits and log-sizes (the default
-convention, ``corrected_all``, corrects the positive), the log-sum-exps (max and sum) and, in
-backward, their gradients and the queries' gradient: nothing grows with ``N``. The
-benchmark checks the count against the formula at every ``N``.
+stratified`: per step and rank, ``24 + T (4 D + 8)`` forward for the ranks' agreement on the
+call's inputs (8 bytes, :func:`~lightning_sampled.sharding.collectives.one_outcome`), the sizes,
+the queries and the targets it sends, and ``W T (4 D + 24)`` for the positives' logits and
+log-sizes (the default convention, ``corrected_all``, corrects the positive), the log-sum-exps
+(max and sum) and, in backward, their gradients and the queries' gradient: nothing grows with
+``N``. The benchmark checks the count against the formula at every ``N``.
 
 Run: ``python -m benchmarks.sharded [--classes 1000000 10000000] [--worlds 1 2] [--dim 64]
 [--positions 2048] [--negatives 100] [--steps 5] [--optimizers adam:float32:float32 ...]
@@ -71,7 +72,7 @@ def expected_bytes(positions: int, dim: int, world: int) -> int:
     per-query draws; 0 in one process."""
     if world == 1:
         return 0
-    return 16 + positions * (4 * dim + 8) + world * positions * (4 * dim + 24)
+    return 24 + positions * (4 * dim + 8) + world * positions * (4 * dim + 24)
 
 
 class CollectiveBytes:
