@@ -10,10 +10,21 @@ Run::
 
     python scripts/behaviour_hashes.py > before.txt     # then change the code
     python scripts/behaviour_hashes.py > after.txt && diff before.txt after.txt
+
+A change meant to re-associate sums (a fused kernel, another block order) changes hashes; it
+must keep the values close instead. ``--values FILE`` also saves the tensors behind every
+whole-table line, and ``--close BEFORE AFTER`` prints, per line, the largest difference between
+two such files relative to each tensor's largest magnitude, and which exceed ``--rtol``
+(default ``1e-5``)::
+
+    python scripts/behaviour_hashes.py --values before.pt > before.txt   # then change the code
+    python scripts/behaviour_hashes.py --values after.pt > after.txt
+    python scripts/behaviour_hashes.py --close before.pt after.pt
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import itertools
 import math
@@ -40,6 +51,10 @@ N, D, T = 41, 8, 13  # classes, width, positions (two of them ignored)
 M = 6  # draws per query
 
 
+#: where :func:`digest` keeps the tensors it hashes (``--values``), ``None``: nowhere
+RECORDED: list[torch.Tensor] | None = None
+
+
 def digest(*tensors: torch.Tensor | None) -> str:
     """sha256 (first 16 hex digits) of the tensors' bytes, ``None`` included as a marker."""
     h = hashlib.sha256()
@@ -47,6 +62,8 @@ def digest(*tensors: torch.Tensor | None) -> str:
         if t is None:
             h.update(b"none")
         else:
+            if RECORDED is not None:
+                RECORDED.append(t.detach().cpu().clone())
             h.update(str(tuple(t.shape)).encode())
             h.update(t.detach().contiguous().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -272,10 +289,45 @@ def split_table_lines() -> list[str]:
         return [line for r in range(2) for line in Path(f"{out}{r}.txt").read_text().split("\n")]
 
 
+def close(before: str, after: str, rtol: float) -> int:
+    """Prints each line's largest difference between two ``--values`` files, relative to each
+    tensor's largest magnitude; returns how many lines exceed ``rtol`` or differ in shape."""
+    old, new = torch.load(before), torch.load(after)
+    failed = 0
+    for name in old.keys() | new.keys():
+        pairs = list(zip(old.get(name, []), new.get(name, []), strict=False))
+        same = name in old and name in new and len(old[name]) == len(new[name])
+        worst = 0.0
+        for a, b in pairs:
+            same = same and a.shape == b.shape
+            if same and a.numel():
+                scale = max(a.abs().max().item(), 1e-30)
+                worst = max(worst, ((a - b).abs().max() / scale).item())
+        bad = not same or not worst <= rtol  # a NaN difference is bad too
+        failed += bad
+        print(f"{name} {'shape differs' if not same else f'{worst:.2e}'}{' FAIL' if bad else ''}")
+    print(f"{failed} of {len(old.keys() | new.keys())} lines beyond rtol {rtol:g}")
+    return failed
+
+
 def main() -> None:
+    global RECORDED
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--values", help="also save the whole-table lines' tensors here")
+    parser.add_argument("--close", nargs=2, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--rtol", type=float, default=1e-5)
+    args = parser.parse_args()
+    if args.close:
+        sys.exit(1 if close(*args.close, args.rtol) else 0)
     torch.set_num_threads(1)
+    values = {}
+    RECORDED = [] if args.values else None
     for line in whole_table_lines():
         print(line)
+        if RECORDED is not None:
+            values[line.split(" ")[0]], RECORDED = RECORDED, []
+    if args.values:
+        torch.save(values, args.values)
     sys.stdout.flush()
     for line in split_table_lines():
         if line:

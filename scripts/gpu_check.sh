@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU issues' device checks, one entry point with a switch per issue:
-#   bash scripts/gpu_check.sh [28] [29] [30] [31]
+#   bash scripts/gpu_check.sh [28] [29] [30] [31] [52]
 # 28: `make test-gpu`'s tests, then the exact-head rows of benchmarks/head_step.py (bf16) against
 #     plain cross-entropy, torch's F.linear_cross_entropy and Cut Cross-Entropy.
 # 29: sampled training on the GPU (benchmarks/gpu_step.py): MIDX vs uniform, the index refresh,
@@ -12,6 +12,9 @@
 #     max_in_batch_draws 256 and 1024), and the estimator grid's default runs still missing
 #     (seeds 0-2, resumed from benchmarks/results/estimator_grid; data from
 #     python -m benchmarks.estimator_grid --prepare .gpu_data).
+# 52: the default's price on the GPU: the pooled in-batch column against the [T, U] columns at
+#     the recipes' shapes and the in-batch heads' host-sync checks, then benchmarks/default_cost.py
+#     on CUDA (the default, the plain head, the bounded form and the products alone, peak memory).
 # Meant for a machine without network whose python3 has torch, Triton and Lightning: the packages it
 # lacks travel as wheels in .whl/ (faiss-cpu, cut-cross-entropy, jsonargparse and its two needs) and
 # are installed into /tmp/site. Results go to $OUT (default: ./gpu_results): log.txt, and
@@ -125,7 +128,20 @@ for issue in "$@"; do
                 --seeds 0 1 2 --workers 16 --deadline-s 250 --commit "$COMMIT"
         fi
         ;;
-    *) echo "unknown issue $issue (28, 29, 30 or 31)" ;;
+    52)
+        if [ "$DRY" = 1 ]; then
+            part default_cost 300 "$PY" -m benchmarks.default_cost --shapes ptb --limits 256 \
+                --memory --repeats 2 --device cpu --name "$RESULTS/default_cost_cuda"
+        else
+            part test-gpu-pooled 200 env PY="$PY" GPU_TESTS="tests/heads/test_pooled_in_batch.py \
+                tests/gpu/test_no_host_sync.py" bash scripts/test_gpu.sh -v --timeout 90 \
+                -k "cuda or in_batch" --junitxml="$RESULTS/test_gpu_pooled.xml"
+            part default_cost 200 "$PY" -m benchmarks.default_cost --limits 256 1024 --memory \
+                --repeats 7 --device cuda --background "GPU check for issue 52" \
+                --name "$RESULTS/default_cost_cuda"
+        fi
+        ;;
+    *) echo "unknown issue $issue (28, 29, 30, 31 or 52)" ;;
     esac
 done
 if [[ " $* " == *" 28 "* ]] && [ "$DRY" != 1 ]; then

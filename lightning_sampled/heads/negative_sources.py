@@ -8,7 +8,10 @@ split across ranks alike:
 - :class:`DrawnNegatives`: ``M`` draws from the head's proposal (the sampler), per query
   ``[T, M]`` or shared ``[M]``;
 - :class:`InBatchNegatives`: the batch's distinct targets ``[U]`` weighted by how many other
-  positions hold each (:mod:`lightning_sampled.ops.in_batch`).
+  positions hold each (:mod:`lightning_sampled.ops.in_batch`);
+- :class:`PooledNegatives`: candidates that every row shares reduced, before the rows are
+  scored, to one column, the log-sum-exp of their corrected columns (the batch's targets without
+  a limit: :func:`~lightning_sampled.ops.in_batch.in_batch_logsumexp`).
 
 A source gives its candidates' ids (rows of the head's table), their ``log q`` under the
 sampler (``None`` where the head draws nothing), from which the head computes each candidate's
@@ -46,6 +49,11 @@ class DrawnNegatives(NamedTuple):
         ``[M, D]`` rows are gathered once for every row)."""
         return self.ids.shape[1] if self.ids.dim() == 2 else 0
 
+    @property
+    def num_columns(self) -> int:
+        """Candidate columns of each row: ``M``."""
+        return self.ids.shape[-1]
+
     def rows(self, block: slice) -> DrawnNegatives:
         """The draws of the rows ``block`` (shared draws: all of them)."""
         if self.ids.dim() == 1:
@@ -81,6 +89,11 @@ class InBatchNegatives(NamedTuple):
     #: the ``[U, D]`` candidate vectors are gathered once for every row
     gathered_per_row = 0
 
+    @property
+    def num_columns(self) -> int:
+        """Candidate columns of each row: ``U``."""
+        return self.ids.shape[-1]
+
     def rows(self, block: slice) -> InBatchNegatives:
         """The same candidates for the rows ``block``: their own columns and counted flags."""
         candidates = self.candidates._replace(column=self.candidates.column[block])
@@ -99,5 +112,26 @@ class InBatchNegatives(NamedTuple):
         )
 
 
+class PooledNegatives(NamedTuple):
+    """Candidates shared by every row, already reduced to the log-sum-exp of their corrected
+    columns, so that a row is scored with one column for them and no ``[T, U]`` block is ever
+    held (:meth:`~lightning_sampled.heads.SampledSoftmaxHead.pooled`).
+
+    Attributes:
+        logsumexp: fp32 ``[T]``, differentiable in the queries and the candidates' vectors.
+    """
+
+    logsumexp: Tensor
+
+    #: the candidates' vectors were gathered when they were pooled
+    gathered_per_row = 0
+    #: one column per row
+    num_columns = 1
+
+    def rows(self, block: slice) -> PooledNegatives:
+        """The pooled column of the rows ``block``."""
+        return PooledNegatives(self.logsumexp[block])
+
+
 #: a source of negatives
-NegativeSource = DrawnNegatives | InBatchNegatives
+NegativeSource = DrawnNegatives | InBatchNegatives | PooledNegatives

@@ -86,6 +86,7 @@ from ..ops.in_batch import (
     DrawnPositions,
     batch_candidates,
     drawn_positions,
+    in_batch_logsumexp,
     limited_candidates,
     log_mixture_size,
 )
@@ -94,7 +95,7 @@ from ..ops.losses import sampled_multi_positive_losses, sampled_softmax_losses, 
 from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
 from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
-from .negative_sources import DrawnNegatives, InBatchNegatives, NegativeSource
+from .negative_sources import DrawnNegatives, InBatchNegatives, NegativeSource, PooledNegatives
 from .proposal import ProposalHead
 from .stratified import held_candidates, local_logsumexp, stratum_size
 
@@ -155,7 +156,7 @@ class BatchNegatives(NamedTuple):
     @property
     def num_columns(self) -> int:
         """Candidate columns per row: the positive and every source's."""
-        return 1 + sum(source.ids.shape[-1] for source in self.sources)
+        return 1 + sum(source.num_columns for source in self.sources)
 
     @property
     def gathered_per_row(self) -> int:
@@ -581,12 +582,17 @@ class SampledSoftmaxHead(ProposalHead):
         batch = negatives.batch
         pos, columns = None, []
         for source in negatives.sources:
+            if isinstance(source, PooledNegatives):
+                columns.append(source.logsumexp[:, None])
+                continue
             if pos is None:
                 pos, logits = self.target_and_candidate_logits(z, rows, source.ids)
             else:
                 logits = self.candidate_logits(z, source.ids)
             log_size = self.log_size(source.ids, source.log_q, batch)
             columns.append(source.columns(logits, log_size, self.rules, hits))
+        if pos is None:  # every source pooled
+            pos = self.candidate_logits(z, rows[:, None])[:, 0]
         if not self.rules.corrects_positive:
             return pos, columns, None
         return pos, columns, self.positive_log_size(rows, negatives.positive_log_q, batch)
@@ -707,32 +713,57 @@ class SampledSoftmaxHead(ProposalHead):
         :meth:`sampled_logits` (over a split table: :meth:`split_losses`); ``mask`` as
         there.
 
-        The negatives are drawn and found once (:meth:`batch_negatives`); the rows are then
-        scored a block at a time (:func:`~lightning_sampled.ops.chunked.positions_per_block`),
-        each block under activation checkpointing when gradients are on (:meth:`in_blocks`), so
-        that neither the ``[T, 1 + C]`` logits nor the ``[T, M, D]`` gathered vectors are ever
-        held whole (at a language model's 4,088 positions, 100 draws per query and about 4,000
-        distinct targets they would be 66 MB and 418 MB, several times over): a block is scored
-        again in backward. Under ``torch.compile`` the rows are one block.
+        The negatives are drawn and found once (:meth:`batch_negatives`), and the batch's
+        targets, where every row shares them and their correction, pooled into one column
+        (:meth:`pooled`); the rows are then scored a block at a time
+        (:func:`~lightning_sampled.ops.chunked.positions_per_block`), each block under activation
+        checkpointing when gradients are on (:meth:`in_blocks`), so that neither the ``[T, 1 +
+        C]`` logits nor the ``[T, M, D]`` gathered vectors are ever held whole (at a language
+        model's 4,088 positions, 100 draws per query and about 4,000 distinct targets they would
+        be 66 MB and 418 MB, several times over): a block is scored again in backward. Every
+        gather from the table adds into one gradient (:meth:`row_sink`). Under ``torch.compile``
+        the rows are one block.
         """
         if self.is_split:
             return self.split_losses(queries, target)
         negatives = self.batch_negatives(queries, target, mask)
-        step = chunked.positions_per_block(
-            negatives.num_columns, negatives.gathered_per_row, queries.shape[-1]
-        )
-        if queries.shape[0] <= step or torch.compiler.is_compiling():
-            return self._block_losses(queries, target, mask, negatives)
-        blocks = (
-            (
-                queries[block],
-                target[block],
-                None if mask is None else mask[block],
-                negatives.rows(block),
+        with self.gathering_into(self._row_sink or self.row_sink()):
+            negatives = self.pooled(queries, negatives)
+            step = chunked.positions_per_block(
+                negatives.num_columns, negatives.gathered_per_row, queries.shape[-1]
             )
-            for block in chunked.row_blocks(queries.shape[0], step)
-        )
-        return self.in_blocks(self._block_losses, blocks)
+            if queries.shape[0] <= step or torch.compiler.is_compiling():
+                return self._block_losses(queries, target, mask, negatives)
+            blocks = (
+                (
+                    queries[block],
+                    target[block],
+                    None if mask is None else mask[block],
+                    negatives.rows(block),
+                )
+                for block in chunked.row_blocks(queries.shape[0], step)
+            )
+            return self.in_blocks(self._block_losses, blocks)
+
+    def pooled(self, z: Tensor, negatives: BatchNegatives) -> BatchNegatives:
+        """``negatives`` of queries ``z`` ``[T, D]`` with the batch's targets, where every row
+        shares them and their correction (no ``max_in_batch_draws``, a proposal that does not
+        depend on the query), reduced to one column (:class:`~.negative_sources.PooledNegatives`):
+        the log-sum-exp of their corrected columns, by
+        :func:`~lightning_sampled.ops.in_batch.in_batch_logsumexp` (the ``[T, U]`` logits never
+        held, their gradient computed a chunk of candidates at a time). The loss is the same
+        function of the same logits as with the ``[T, U]`` columns."""
+        sources = []
+        for source in negatives.sources:
+            if isinstance(source, InBatchNegatives) and source.own is None:
+                log_size = self.log_size(source.ids, source.log_q, negatives.batch)
+                if log_size.dim() == 1:  # [U], not [T, U] as a query-dependent proposal gives
+                    rows, bias = self.class_rows(source.ids)
+                    remove = self.rules.removes_accidental_hits
+                    lse = in_batch_logsumexp(z, rows, bias, log_size, source.candidates, remove)
+                    source = PooledNegatives(lse)
+            sources.append(source)
+        return negatives._replace(sources=sources)
 
     def _block_losses(
         self, z: Tensor, target: Tensor, mask: Tensor | None, negatives: BatchNegatives

@@ -166,6 +166,23 @@ def exp_shifted_(logits: Tensor, shift: Tensor) -> Tensor:
     return logits.sub_(shift[:, None]).exp_()
 
 
+def shift_cells_(
+    logits: Tensor, start: int, end: int, cell_column: Tensor | None, cell_shift: Tensor | None
+) -> Tensor:
+    """In place: adds ``cell_shift[t]`` (fp32 ``[T]``, ``-inf`` allowed) to the logit of row
+    ``t`` in column ``cell_column[t]`` (long ``[T]``, a class id; negative: none) where that
+    class is in the chunk ``[start, end)`` of ``logits`` ``[T, end - start]``: one cell per row,
+    such as an in-batch candidate that is the row's own target. No-op when ``cell_column`` is
+    ``None``."""
+    if cell_column is None:
+        return logits
+    inside = (cell_column >= start) & (cell_column < end)
+    local = (cell_column - start).clamp(0, end - start - 1)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    shift = torch.where(inside, cell_shift.to(logits.dtype), 0.0)
+    return logits.index_put_((rows, local), shift, accumulate=True)
+
+
 def row_sums_without_padding(
     logits: Tensor, start: int, end: int, padding_idx: int | None
 ) -> Tensor:
@@ -228,13 +245,16 @@ def chunked_softmax_sums(
     normalize: bool,
     logit_sums: bool,
     dtype: torch.dtype,
+    cell_column: Tensor | None = None,
+    cell_shift: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The per-row sums the cross-entropy's forward needs, one ``[T, chunk_size]`` block of logits
     at a time: the log-sum-exp over the classes, the target's logit (``0`` for a target outside
     ``[0, N)``, as a sharded table's ``-1`` is) and, with ``logit_sums``, the sum of the logits
     over the classes other than ``padding_idx`` (else zeros). Each fp32 ``[T]``; ``z`` ``[T, D]``,
     ``weight`` ``[N, D]``, ``bias`` ``[N]`` or ``None``, ``target`` long ``[T]``, matmuls in
-    ``dtype``.
+    ``dtype``; ``cell_column`` and ``cell_shift`` ``[T]`` shift one logit per row first
+    (:func:`shift_cells_`; the target's logit is read before the shift).
 
     A custom op, opaque to ``torch.compile``: traced as plain torch, the chunk loop unrolls and
     inductor's scheduler runs every chunk's matmul before the reductions that consume them, so
@@ -253,6 +273,7 @@ def chunked_softmax_sums(
         inside = (target >= start) & (target < end)
         local = (target - start).clamp(0, end - start - 1)
         target_logit = torch.where(inside, logits[rows, local], target_logit)
+        shift_cells_(logits, start, end, cell_column, cell_shift)
         if logit_sums:
             logit_sum += row_sums_without_padding(logits, start, end, padding_idx)
         row_max = logits.amax(dim=1)
@@ -263,7 +284,7 @@ def chunked_softmax_sums(
 
 
 @chunked_softmax_sums.register_fake
-def _(z, weight, bias, target, chunk_size, padding_idx, normalize, logit_sums, dtype):
+def _(z, weight, bias, target, chunk_size, padding_idx, normalize, logit_sums, dtype, *cells):
     return tuple(z.new_empty(z.shape[0], dtype=torch.float32) for _ in range(3))
 
 
@@ -282,6 +303,8 @@ def chunked_softmax_grads(
     need_z: bool,
     need_w: bool,
     need_b: bool,
+    cell_column: Tensor | None = None,
+    cell_shift: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The softmax part of the cross-entropy's gradients, one ``[T, chunk_size]`` block of
     probabilities at a time (a custom op, opaque to ``torch.compile``, for the reason
@@ -293,7 +316,8 @@ def chunked_softmax_grads(
     (:func:`scored_rows`), so the table's term is the gradient with respect to its unit rows when
     ``normalize``. An output not asked for (``need_z``, ``need_w``, ``need_b``) is empty. The
     target's term and the factor ``g`` of the first are left to the caller. ``lse`` ``[T]`` is
-    the forward's log-normaliser.
+    the forward's log-normaliser; ``cell_column`` and ``cell_shift`` as in
+    :func:`chunked_softmax_sums` (the shifted logits are the ones softmaxed).
     """
     dtype = zg.dtype
     f32 = dict(device=z.device, dtype=torch.float32)
@@ -306,6 +330,7 @@ def chunked_softmax_grads(
             logits = chunk_logits(
                 z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
             )
+            shift_cells_(logits, start, end, cell_column, cell_shift)
             probs = exp_shifted_(logits, lse)
             if smoothing:
                 probs.sub_(smoothing)
@@ -327,8 +352,8 @@ def chunked_softmax_grads(
 
 
 @chunked_softmax_grads.register_fake
-def _(g, zg, z, weight, bias, lse, chunk_size, padding_idx, normalize, smoothing, *need):
-    need_z, need_w, need_b = need
+def _(g, zg, z, weight, bias, lse, chunk_size, padding_idx, normalize, smoothing, *need_cells):
+    need_z, need_w, need_b = need_cells[:3]
     return (
         z.new_empty(z.shape if need_z else 0, dtype=torch.float32),
         z.new_empty(weight.shape if need_w else 0, dtype=torch.float32),
@@ -450,6 +475,85 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             None,
             None,
         )
+
+
+class ChunkedLogSumExp(torch.autograd.Function):
+    """Per-row ``logsumexp(z W^T + b)`` ``[T]`` in chunks of the ``C`` columns, one logit per row
+    shifted first (:func:`shift_cells_`): the normaliser of candidates that every row shares, such
+    as a batch's distinct targets, without holding the ``[T, C]`` logits or their gradient.
+
+    Forward inputs: ``z`` ``[T, D]``, ``weight`` ``[C, D]`` (the candidates' vectors as scored),
+    ``bias`` ``[C]`` (fp32 column terms: a bias and a correction; differentiable) or ``None``,
+    ``cell_column`` long ``[T]`` and ``cell_shift`` fp32 ``[T]`` (or both ``None``),
+    ``chunk_size``. Output: fp32 ``[T]``; a row whose every logit is ``-inf`` gives ``-inf``
+    and no gradient.
+
+    The passes are :class:`ChunkedCrossEntropy`'s custom ops: two matmuls in backward (``dz = P
+    W``, ``dW = P^T (g z)``) after one that recomputes the chunk's logits, and a few in-place
+    passes over its ``[T, C]`` block; the per-row gradient ``g`` is folded into ``z``.
+    """
+
+    @staticmethod
+    def forward(ctx, z, weight, bias, cell_column, cell_shift, chunk_size):
+        dtype = compute_dtype(z)
+        none = torch.full_like(z[:, 0], -1, dtype=torch.long)  # no target logit is read
+        lse, _, _ = chunked_softmax_sums(
+            z, weight, bias, none, chunk_size, None, False, False, dtype, cell_column, cell_shift
+        )
+        ctx.save_for_backward(z, weight, bias, cell_column, cell_shift, lse)
+        ctx.chunk_size, ctx.dtype = chunk_size, dtype
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        z, weight, bias, cell_column, cell_shift, lse = ctx.saved_tensors
+        need_z, need_w, need_b = ctx.needs_input_grad[:3]
+        g = grad_out.float()
+        zg = (z.float() * g[:, None]).to(ctx.dtype)
+        grad_z, grad_w, grad_b = chunked_softmax_grads(
+            g,
+            zg,
+            z,
+            weight,
+            bias,
+            lse,
+            ctx.chunk_size,
+            None,
+            False,
+            0.0,
+            need_z,
+            need_w,
+            need_b,
+            cell_column,
+            cell_shift,
+        )
+        return (
+            grad_z.mul_(g[:, None]).to(z.dtype) if need_z else None,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if need_b else None,
+            None,
+            None,
+            None,
+        )
+
+
+def chunked_logsumexp(
+    z: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    cell_column: Tensor | None = None,
+    cell_shift: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """:class:`ChunkedLogSumExp`: ``logsumexp(z W^T + b)`` ``[T]`` of queries ``z`` ``[T, D]``
+    over ``C`` shared candidates ``weight`` ``[C, D]`` with column terms ``bias`` ``[C]``, the
+    logit of row ``t`` in column ``cell_column[t]`` shifted by ``cell_shift[t]`` (long and fp32
+    ``[T]``; a negative column: none), in chunks of ``chunk_size`` columns (default
+    :func:`resolve_chunk_size`)."""
+    if weight.shape[0] == 0:
+        return torch.full_like(z[:, 0], -math.inf, dtype=torch.float32)
+    size = resolve_chunk_size(chunk_size, z.shape[0], weight.shape[0])
+    return ChunkedLogSumExp.apply(z, weight, bias, cell_column, cell_shift, size)
 
 
 def selected(x: Tensor, rows: Tensor | None) -> Tensor:

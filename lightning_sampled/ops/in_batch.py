@@ -25,11 +25,14 @@ host sync and no graph break, at the price of ``[T, min(T, N)]`` logits instead 
 positions). A position left out (an ignored position kept, weighted 0, for static shapes) is
 neither a candidate nor a draw.
 
-The ``[T, U]`` block grows with the batch: at a 1M-item SASRec batch (6,400 positions, 3,555
-distinct targets, 20 sampled negatives) it made the head's step 8-19x the plain head's on a CPU
-(``benchmarks/results/default_cost.md``, two runs). A limit ``K`` on the in-batch draws bounds
-it: the targets of ``K`` positions drawn at random without replacement (:func:`drawn_positions`)
-are the candidates (:func:`limited_candidates`), ``[T, U_K]`` with ``U_K <= K``. Drawn
+The ``[T, U]`` block grows with the batch (``U`` approaches ``T`` over a large catalog). Where
+every row shares the candidates and their correction, :func:`in_batch_logsumexp` reduces it to
+one column per row, the log-sum-exp of the corrected block, a chunk of candidates at a time:
+the three ``[T, U, D]`` products and one more that recomputes each chunk in backward, and no
+``[T, U]`` tensor kept (``benchmarks/results/default_cost.md`` has what each costs). A limit
+``K`` on the in-batch draws bounds the block itself: the targets of ``K`` positions drawn at
+random without replacement (:func:`drawn_positions`) are the candidates
+(:func:`limited_candidates`), ``[T, U_K]`` with ``U_K <= K``. Drawn
 independently of the queries, they are still draws from ``q_b``, ``K`` per query, ``K - 1`` for
 a query whose own position was drawn, and the correction of row ``t`` is
 ``log(M q_s + n_t q_b)`` with its own ``n_t``.
@@ -46,6 +49,7 @@ from torch import Tensor
 from .._random import rand
 from .._validation import sync_free
 from ..samplers.frequency import counted
+from .chunked import chunked_logsumexp, shift_cells_
 
 #: the most scored positions whose candidates :func:`batch_candidates` finds in fixed shapes under
 #: ``torch.compile`` on the CPU (``[T, T]`` products: 16.8 million logits at 4,096 positions); on a
@@ -231,7 +235,7 @@ def in_batch_logits(
     counts ``counts[u]`` draws, less one in the position's own column (``u = y_t``) when the
     position is itself among the counted ones (``own``). That own column holds exactly the
     accidental hits, so ``remove_hits`` sets it to ``-inf`` instead. One ``[T, U]`` pass and an
-    in-place fix of ``T`` entries; no ``[T, U]`` index or mask.
+    in-place shift of ``T`` entries (:func:`own_cells`); no ``[T, U]`` index or mask.
 
     Args:
         logits: ``[T, U]`` fp32 ``o_u`` of the distinct targets for every position.
@@ -241,22 +245,56 @@ def in_batch_logits(
         own: bool ``[T]``, the positions counted in ``candidates.counts``
             (:func:`limited_candidates`); ``None``: every one with a column.
     """
-    counts = candidates.counts.to(logits.dtype)
-    # a column counted 0 is no candidate: -inf, whatever its log-size (even -inf)
-    weight = torch.where(counts > 0, counts.log() - log_size, -math.inf)
-    corrected = logits + weight
+    corrected = logits + column_weights(candidates.counts, log_size)
     if corrected.shape[1] == 0:
         return corrected
-    rows = torch.arange(logits.shape[0], device=logits.device)
+    column, shift = own_cells(candidates, remove_hits, own)
+    return shift_cells_(corrected, 0, corrected.shape[1], column, shift)
+
+
+def in_batch_logsumexp(
+    z: Tensor,
+    rows: Tensor,
+    bias: Tensor | None,
+    log_size: Tensor,
+    candidates: BatchCandidates,
+    remove_hits: bool,
+) -> Tensor:
+    """``logsumexp`` ``[T]`` of each row of :func:`in_batch_logits` (every position counted:
+    no limit), from queries ``z`` ``[T, D]``, the candidates' vectors ``rows`` ``[U, D]`` and
+    ``bias`` ``[U]`` (or ``None``) and their ``log_size`` ``[U]``, without the ``[T, U]``
+    logits: :func:`~lightning_sampled.ops.chunked.chunked_logsumexp` in chunks of candidates,
+    its gradient recomputing each chunk (the three ``[T, U, D]`` products and one more)."""
+    terms = column_weights(candidates.counts, log_size)
+    if bias is not None:
+        terms = terms + bias.float()
+    column, shift = own_cells(candidates, remove_hits, None)
+    return chunked_logsumexp(z, rows, terms, column, shift)
+
+
+def column_weights(counts: Tensor, log_size: Tensor) -> Tensor:
+    """fp32 ``log(counts) - log_size`` (``counts`` ``[U]``, ``log_size`` ``[U]`` or ``[T, U]``):
+    a column counted 0 is no candidate, ``-inf`` whatever its log-size (even ``-inf``)."""
+    counts = counts.to(torch.float32)
+    return torch.where(counts > 0, counts.log() - log_size, -math.inf)
+
+
+def own_cells(
+    candidates: BatchCandidates, remove_hits: bool, own: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Each position's own column and what it adds there (:func:`in_batch_logits`): long
+    ``[T]`` the column (``-1``: none listed) and fp32 ``[T]`` ``-inf`` where ``remove_hits``,
+    else ``log((n - 1) / n)`` for a position counted among the ``n`` holding its target (``own``;
+    ``-inf`` where ``n = 1``) and 0 for one that is not."""
     listed = candidates.column >= 0
-    column = candidates.column.clamp(min=0)
-    cell = (rows, column)
-    if remove_hits:  # a row whose own target is not listed keeps its value
-        return corrected.index_put_(cell, corrected[cell].masked_fill(listed, -math.inf))
+    if remove_hits:
+        shift = torch.full(listed.shape, -math.inf, device=listed.device)
+        return candidates.column, shift
+    counts = candidates.counts.to(torch.float32)
     fewer = (counts - 1).log() - counts.log()  # log((n - 1) / n), -inf where n = 1
     counted_self = listed if own is None else listed & own
-    fix = fewer[column].masked_fill(~counted_self, 0.0)
-    return corrected.index_put_(cell, fix, accumulate=True)
+    shift = fewer[candidates.column.clamp(min=0)].masked_fill(~counted_self, 0.0)
+    return candidates.column, shift
 
 
 def log_mixture_size(
