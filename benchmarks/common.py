@@ -452,15 +452,18 @@ def run_and_write(
     measure: Callable[[argparse.Namespace], list[dict[str, Any]]],
     *,
     title: str,
-    notes: str = "",
+    notes: str | Callable[[list[dict[str, Any]]], str] = "",
     columns: Sequence[str] | None = None,
     faiss: bool = False,
 ) -> list[dict[str, Any]]:
     """The frame of a simple benchmark: :func:`set_threads` to ``args.threads``, ``measure(args)``
     with the load taken around it (:func:`measured_load`, ``args.background``), then
-    :func:`write_results` to ``args.name`` with the load as the header. Returns the rows."""
+    :func:`write_results` to ``args.name`` with the load as the header and ``notes`` (or
+    ``notes(rows)``: text that reads the measured rows, such as a Targets list) under the table.
+    Returns the rows."""
     set_threads(args.threads, faiss=faiss)
     with measured_load(args.background) as load:
         rows = measure(args)
-    write_results(args.name, rows, title=title, header=load.header, notes=notes, columns=columns)
+    text = notes(rows) if callable(notes) else notes
+    write_results(args.name, rows, title=title, header=load.header, notes=text, columns=columns)
     return rows

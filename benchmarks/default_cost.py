@@ -23,8 +23,21 @@ checkpointing either), against which the bounded blocks' recomputation is priced
 targets of ``K`` positions drawn at random are the in-batch candidates, ``[T, <= K]`` instead
 of ``[T, U]``; a limit at or above ``T`` changes nothing, so it is timed only below ``T``.
 
+``products`` is the floor of what the default adds: the three ``[T, U, D]`` matrix products of
+its in-batch block alone (the logits ``z W_U^T``, then ``G W_U`` and ``G^T z`` for the gradients
+of the queries and of the ``U`` candidate rows), on tensors made beforehand, timed in the same
+rounds. Issue 52's target is ``default - plain <= 1.3 x products`` at every shape.
+
+``--memory`` adds each head's peak memory (``peak_mb``): the growth of one step over what the
+process held before it, after a warm-up step, on CUDA by the allocator's statistics, on the CPU
+by the peak resident set of a fresh process per head (:func:`benchmarks.common.in_fresh_process`,
+glibc's mmap threshold lowered so that large frees go back to the kernel), and its ratio to the
+plain head's (``memory_vs_plain``). Issue 52's target is ``default <= 1.5 x plain`` at every shape.
+The Markdown ends with the targets, "met" or "NOT met", computed from the run's own rows.
+
 Run: ``python -m benchmarks.default_cost [--shapes ptb gcide ml1m synthetic_1m] [--limits 256
-1024] [--whole-block] [--repeats 7] [--threads 1] [--device cpu|cuda] [--background TEXT]``;
+1024] [--whole-block] [--memory] [--repeats 7] [--threads 1] [--device cpu|cuda]
+[--background TEXT]``;
 results in ``benchmarks/results/default_cost.{csv,md}``.
 """
 
@@ -40,7 +53,15 @@ from lightning_sampled.heads import SampledSoftmaxHead
 from lightning_sampled.ops import chunked
 
 from ._shapes import head_step, zipf_batch
-from .common import add_timing_arguments, make_parser, medians_against, run_and_write, timed_rounds
+from .common import (
+    add_timing_arguments,
+    in_fresh_process,
+    make_parser,
+    medians_against,
+    peak_extra_bytes,
+    run_and_write,
+    timed_rounds,
+)
 
 
 class Shape(NamedTuple):
@@ -66,6 +87,11 @@ SHAPES = {
 }
 #: head name -> ``in_batch_negatives``
 HEADS = {"default": "auto", "plain": False}
+#: the in-batch block's matrix products alone (:func:`products_of`)
+PRODUCTS = "products"
+#: issue 52's targets: (default - plain) / products, and default / plain peak memory
+TIME_TARGET = 1.3
+MEMORY_TARGET = 1.5
 
 
 def make_head(shape: Shape, in_batch: bool | str, limit: int | None = None) -> SampledSoftmaxHead:
@@ -91,6 +117,54 @@ def heads_of(shape: Shape, limits: list[int]) -> dict[str, SampledSoftmaxHead]:
     return heads
 
 
+def batch_of(shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The shape's batch (:func:`~benchmarks._shapes.zipf_batch`), the same in every process:
+    ``(target [T], z [T, D], distinct targets U)``."""
+    generator = torch.Generator().manual_seed(0)
+    return zipf_batch(shape.positions, shape.classes, shape.dim, generator, device)
+
+
+def products_of(
+    positions: int, distinct: int, dim: int, device: torch.device
+) -> Callable[[], None]:
+    """The three ``[T, U, D]`` products of an in-batch block, on tensors made here: the logits
+    ``z W^T`` ``[T, U]``, and from a gradient ``G`` ``[T, U]`` the queries' ``G W`` ``[T, D]``
+    and the candidate rows' ``G^T z`` ``[U, D]``."""
+    generator = torch.Generator().manual_seed(1)
+    z, w = (torch.randn(n, dim, generator=generator).to(device) for n in (positions, distinct))
+    g = torch.randn(positions, distinct, generator=generator).to(device)
+
+    def run() -> None:
+        torch.mm(z, w.T)
+        torch.mm(g, w)
+        torch.mm(g.T, z)
+
+    return run
+
+
+def step_peak_mb(shape: Shape, head: str, device: str) -> float:
+    """Peak memory (MiB) of one step of the shape's ``head`` (a name of :func:`heads_of`, with
+    ``", one block"`` for :func:`in_one_block`) over what was held before it, after a warm-up
+    step (:func:`benchmarks.common.peak_extra_bytes`)."""
+    target, z, _ = batch_of(shape, torch.device(device))
+    name, _, rest = head.partition(",")
+    limit = int(name.split()[1]) if " " in name else None
+    made = make_head(shape, HEADS[name.split()[0]], limit).to(device)
+    step = head_step(made, z, target)
+    if rest:
+        step = in_one_block(step)
+    step()
+    return peak_extra_bytes(step, device) / 2**20
+
+
+def peak_mb(shape: Shape, head: str, device: str) -> float:
+    """:func:`step_peak_mb`, on the CPU in a fresh process (its own peak resident set)."""
+    if device != "cpu":
+        return step_peak_mb(shape, head, device)
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    return in_fresh_process("benchmarks.default_cost", "step_peak_mb", shape, head, device, env=env)
+
+
 def in_one_block(step: Callable[[], None]) -> Callable[[], None]:
     """``step`` with no bound on the entries of a block of scored rows."""
 
@@ -109,12 +183,9 @@ def measure(args: argparse.Namespace) -> list[dict]:
     """One row per shape and head: median step seconds and the ratio to the plain head's."""
     rows = []
     device = torch.device(args.device)
-    generator = torch.Generator().manual_seed(0)
     for name in args.shapes:
         shape = SHAPES[name]
-        target, z, distinct = zipf_batch(
-            shape.positions, shape.classes, shape.dim, generator, device
-        )
+        target, z, distinct = batch_of(shape, device)
         fns = {
             name: head_step(head.to(device), z, target)
             for name, head in heads_of(shape, args.limits).items()
@@ -122,8 +193,19 @@ def measure(args: argparse.Namespace) -> list[dict]:
         if args.whole_block:
             whole = make_head(shape, "auto").to(device)
             fns["default, one block"] = in_one_block(head_step(whole, z, target))
+        fns[PRODUCTS] = products_of(shape.positions, distinct, shape.dim, device)
         medians = medians_against(timed_rounds(fns, args.repeats, device), "plain")
+        peaks = {}
+        if args.memory:
+            peaks = {head: peak_mb(shape, head, args.device) for head in fns if head != PRODUCTS}
         for head, (median, ratio) in medians.items():
+            memory = {}
+            if args.memory:
+                known = head in peaks
+                memory = {
+                    "peak_mb": peaks[head] if known else "",
+                    "memory_vs_plain": peaks[head] / peaks["plain"] if known else "",
+                }
             rows.append(
                 {
                     "device": args.device,
@@ -132,6 +214,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                     "head": head,
                     "median_ms": 1e3 * median,
                     "vs_plain": ratio,
+                    **memory,
                 }
             )
         times = ", ".join(f"{head} {1e3 * median:.1f} ms" for head, (median, _) in medians.items())
@@ -150,11 +233,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also time the default scoring every row in one block (no MAX_BLOCK_ELEMENTS)",
     )
+    parser.add_argument(
+        "--memory", action="store_true", help="also measure each head's peak memory of a step"
+    )
     add_timing_arguments(parser, repeats=7, name="default_cost")
     args = parser.parse_args(argv)
     if min(args.repeats, args.threads, *args.limits) < 1:
         parser.error("--repeats, --threads and --limits must be >= 1")
     return args
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """Issue 52's targets at each shape of ``rows`` (:func:`measure`'s), "met" or "NOT met":
+    ``default - plain <= TIME_TARGET x products`` and, where measured, ``default <=
+    MEMORY_TARGET x plain`` in peak memory."""
+    lines = []
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        at = {r["head"]: r for r in rows if r["recipe"] == recipe}
+        extra = at["default"]["median_ms"] - at["plain"]["median_ms"]
+        ratio = extra / at[PRODUCTS]["median_ms"]
+        lines.append(
+            f"- {recipe}, time: (default - plain) / products = {extra:.1f} / "
+            f"{at[PRODUCTS]['median_ms']:.1f} ms = {ratio:.2f} (target <= {TIME_TARGET}): "
+            + ("met" if ratio <= TIME_TARGET else "NOT met")
+        )
+        if at["default"].get("memory_vs_plain", "") != "":
+            memory = at["default"]["memory_vs_plain"]
+            lines.append(
+                f"- {recipe}, memory: default / plain peak = {at['default']['peak_mb']:.1f} / "
+                f"{at['plain']['peak_mb']:.1f} MiB = {memory:.2f} (target <= {MEMORY_TARGET}): "
+                + ("met" if memory <= MEMORY_TARGET else "NOT met")
+            )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -164,18 +274,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
         'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
         "against the plain head (`in_batch_negatives=False`), at the recipes' batch shapes, Zipf "
         "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T); `default, "
-        "one block`: the default with no bound on a block of scored rows; median of "
+        "one block`: the default with no bound on a block of scored rows; `products`: the three "
+        "`[T, U, D]` matrix products of the default's in-batch block alone; median of "
         f"{args.repeats} rounds, the heads alternating; `vs_plain`: the ratio to the plain head "
-        "in the same rounds. Command: `python -m benchmarks.default_cost --shapes "
+        "in the same rounds"
+        + (
+            "; `peak_mb`: a step's peak memory over what was held before it (on the CPU the "
+            "peak resident set of a fresh process per head)"
+            if args.memory
+            else ""
+        )
+        + ". Command: `python -m benchmarks.default_cost --shapes "
         f"{' '.join(args.shapes)} --limits {' '.join(map(str, args.limits))}"
-        f"{' --whole-block' if args.whole_block else ''} --repeats "
-        f"{args.repeats} --threads {args.threads} --device {args.device}`."
+        f"{' --whole-block' if args.whole_block else ''}{' --memory' if args.memory else ''} "
+        f"--repeats {args.repeats} --threads {args.threads} --device {args.device}`."
     )
     return run_and_write(
         args,
         measure,
         title="The default configuration's price: in-batch negatives beside the draws",
-        notes=notes,
+        notes=lambda rows: "\n".join([notes, "", "## Targets (issue 52)", "", *targets(rows)]),
     )
 
 
