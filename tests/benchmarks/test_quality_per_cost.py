@@ -30,14 +30,14 @@ def write(path, rows):
         writer.writerows(rows)
 
 
-def curve(name, values, candidates):
+def curve(name, values, candidates, seed=0):
     run = RUNS[name]
     return [
         {
             "task": "gcide",
             "configuration": run.convention,
             "proposal": run.cell,
-            "seed": 0,
+            "seed": seed,
             "step": 1000 * (i + 1),
             "val": v,
             "metric": "ppl",
@@ -107,16 +107,40 @@ def test_the_report_tabulates_every_mark_cost_and_time_to_a_perplexity(results):
     path = report(out, out.parent / "quality_per_cost.md", grid)
     text = path.read_text()
     default, plain = LABELS["default_uniform"], LABELS["plain_uniform"]
-    assert "| configuration | candidates / position | 1,000 | 2,000 | 3,000 |" in text
-    assert f"| {default} | 401.6 | 50.00 | 35.00 | 29.00 | 3,000 | 33.30 | 27.60 |" in text
-    assert f"| {plain} | 21.0 | 200.00 | 90.00 | — | 2,000 | — (run not finished) | — |" in text
+    assert "| configuration | seeds | candidates / position | 1,000 | 2,000 | 3,000 |" in text
+    assert f"| {default} | 0 | 401.6 | 50.00 | 35.00 | 29.00 | 3,000 | 33.30 | 27.60 |" in text
+    assert f"| {plain} | 0 | 21.0 | 200.00 | 90.00 | — | 2,000 | — (run not finished) | — |" in text
     # time to ppl <= 30: the default reaches it at step 3,000: 3,000 x 0.4 s = 20 min
     assert "20.0 min (3,000 steps)" in text
     # load, provenance and the limits are stated
     assert "median 3.00, range 2.00-4.00" in text
     assert "commit: runs abc1234; step costs abc1234" in text
-    assert "## What this does not show yet" in text and "one seed" in text
+    assert "## What this does not show yet" in text and "fewer than 3 seeds" in text
     assert (out / "gcide_val_ppl.png").stat().st_size > 0
+
+
+def test_further_seeds_are_averaged_and_the_seed_rule_is_checked(results):
+    """``<name>.s<k>.csv`` is seed ``k`` of the same configuration: the marks are the mean
+    over the seeds, ± their standard deviation, and a configuration within 5% of the best at
+    the last shared mark needs 3 seeds."""
+    out, grid = results
+    curves = out / "curves"
+    write(curves / "default_uniform.s1.csv", curve("default_uniform", [52, 37], 401.6, seed=1))
+    write(curves / "exact_positive_batch.csv", curve("exact_positive_batch", [51, 36], 401.6))
+    text = report(out, out.parent / "quality_per_cost.md", grid).read_text()
+    default = LABELS["default_uniform"]
+    # step 1,000: mean of 50 and 52, sd sqrt(2); step 3,000: seed 0 alone
+    assert f"| {default} | 0, 1 | 401.6 | 51.00 ± 1.41 | 36.00 ± 1.41 | 29.00 | 3,000 |" in text
+    # the last mark two configurations share is 2,000: the default's mean 36.0 is the best,
+    # exact_positive + in-batch 36.0 too (0.0%), plain far behind (not listed)
+    assert f"- step 2,000: {default} is 0.0% above the best mean (36.00 vs 36.00): 2 of 3 " in text
+    exact = LABELS["exact_positive_batch"]
+    assert f"- step 2,000: {exact} is 0.0% above the best mean (36.00 vs 36.00): 1 of 3" in text
+    assert "NOT met" in text and LABELS["plain_uniform"] + " is" not in text
+    # 3 seeds meet the rule
+    write(curves / "default_uniform.s2.csv", curve("default_uniform", [51, 35], 401.6, seed=2))
+    text = report(out, out.parent / "quality_per_cost.md", grid).read_text()
+    assert "(35.67 vs 35.67): 3 of 3 seeds: met" in text  # (35 + 37 + 35) / 3
 
 
 def test_time_to_a_perplexity_counts_the_index_refreshes_before_the_mark():
