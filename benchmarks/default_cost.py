@@ -23,6 +23,12 @@ checkpointing either), against which the bounded blocks' recomputation is priced
 targets of ``K`` positions drawn at random are the in-batch candidates, ``[T, <= K]`` instead
 of ``[T, U]``; a limit at or above ``T`` changes nothing, so it is timed only below ``T``.
 
+``--columns`` adds the default head with the batch's targets scored as ``[T, U]`` columns beside
+the draws, a block of rows at a time (``default, columns``), as it scores them where it cannot
+pool them into one column (a proposal that depends on the query, such as MIDX, or a limit):
+against ``default`` it prices the pooling
+(:meth:`~lightning_sampled.heads.SampledSoftmaxHead.pooled`).
+
 ``products`` is the floor of what the default adds: the three ``[T, U, D]`` matrix products of
 its in-batch block alone (the logits ``z W_U^T``, then ``G W_U`` and ``G^T z`` for the gradients
 of the queries and of the ``U`` candidate rows), on tensors made beforehand, timed in the same
@@ -36,7 +42,7 @@ plain head's (``memory_vs_plain``). Issue 52's target is ``default <= 1.5 x plai
 The Markdown ends with the targets, "met" or "NOT met", computed from the run's own rows.
 
 Run: ``python -m benchmarks.default_cost [--shapes ptb gcide ml1m synthetic_1m] [--limits 256
-1024] [--whole-block] [--memory] [--repeats 7] [--threads 1] [--device cpu|cuda]
+1024] [--whole-block] [--columns] [--memory] [--repeats 7] [--threads 1] [--device cpu|cuda]
 [--background TEXT]``;
 results in ``benchmarks/results/default_cost.{csv,md}``.
 """
@@ -144,15 +150,16 @@ def products_of(
 
 def step_peak_mb(shape: Shape, head: str, device: str) -> float:
     """Peak memory (MiB) of one step of the shape's ``head`` (a name of :func:`heads_of`, with
-    ``", one block"`` for :func:`in_one_block`) over what was held before it, after a warm-up
-    step (:func:`benchmarks.common.peak_extra_bytes`)."""
+    ``", one block"`` for :func:`in_one_block` or ``", columns"`` for :func:`in_columns`) over
+    what was held before it, after a warm-up step
+    (:func:`benchmarks.common.peak_extra_bytes`)."""
     target, z, _ = batch_of(shape, torch.device(device))
-    name, _, rest = head.partition(",")
+    name, _, rest = head.partition(", ")
     limit = int(name.split()[1]) if " " in name else None
     made = make_head(shape, HEADS[name.split()[0]], limit).to(device)
     step = head_step(made, z, target)
     if rest:
-        step = in_one_block(step)
+        step = VARIANTS[rest](step)
     step()
     return peak_extra_bytes(step, device) / 2**20
 
@@ -179,6 +186,24 @@ def in_one_block(step: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
+def in_columns(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with the batch's targets scored as ``[T, U]`` columns, not pooled."""
+
+    def run() -> None:
+        pooled = SampledSoftmaxHead.pooled
+        SampledSoftmaxHead.pooled = lambda self, z, negatives: negatives
+        try:
+            step()
+        finally:
+            SampledSoftmaxHead.pooled = pooled
+
+    return run
+
+
+#: the default head's variants by the name that follows ``"default, "``
+VARIANTS = {"one block": in_one_block, "columns": in_columns}
+
+
 def measure(args: argparse.Namespace) -> list[dict]:
     """One row per shape and head: median step seconds and the ratio to the plain head's."""
     rows = []
@@ -190,9 +215,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
             name: head_step(head.to(device), z, target)
             for name, head in heads_of(shape, args.limits).items()
         }
-        if args.whole_block:
-            whole = make_head(shape, "auto").to(device)
-            fns["default, one block"] = in_one_block(head_step(whole, z, target))
+        for variant, wanted in (("one block", args.whole_block), ("columns", args.columns)):
+            if wanted:
+                made = make_head(shape, "auto").to(device)
+                fns[f"default, {variant}"] = VARIANTS[variant](head_step(made, z, target))
         fns[PRODUCTS] = products_of(shape.positions, distinct, shape.dim, device)
         medians = medians_against(timed_rounds(fns, args.repeats, device), "plain")
         peaks = {}
@@ -232,6 +258,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--whole-block",
         action="store_true",
         help="also time the default scoring every row in one block (no MAX_BLOCK_ELEMENTS)",
+    )
+    parser.add_argument(
+        "--columns",
+        action="store_true",
+        help="also time the default scoring the batch's targets as [T, U] columns (not pooled)",
     )
     parser.add_argument(
         "--memory", action="store_true", help="also measure each head's peak memory of a step"
@@ -274,7 +305,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
         "against the plain head (`in_batch_negatives=False`), at the recipes' batch shapes, Zipf "
         "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T); `default, "
-        "one block`: the default with no bound on a block of scored rows; `products`: the three "
+        "one block`: the default with no bound on a block of scored rows; `default, columns`: "
+        "the default scoring the batch's targets as `[T, U]` columns, not pooled into one (as "
+        "with a proposal that depends on the query); `products`: the three "
         "`[T, U, D]` matrix products of the default's in-batch block alone; median of "
         f"{args.repeats} rounds, the heads alternating; `vs_plain`: the ratio to the plain head "
         "in the same rounds"
@@ -286,7 +319,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         + ". Command: `python -m benchmarks.default_cost --shapes "
         f"{' '.join(args.shapes)} --limits {' '.join(map(str, args.limits))}"
-        f"{' --whole-block' if args.whole_block else ''}{' --memory' if args.memory else ''} "
+        f"{' --whole-block' if args.whole_block else ''}{' --columns' if args.columns else ''}"
+        f"{' --memory' if args.memory else ''} "
         f"--repeats {args.repeats} --threads {args.threads} --device {args.device}`."
     )
     return run_and_write(

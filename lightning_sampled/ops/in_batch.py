@@ -55,6 +55,10 @@ from .chunked import chunked_logsumexp, shift_cells_
 #: ``torch.compile`` on the CPU (``[T, T]`` products: 16.8 million logits at 4,096 positions); on a
 #: GPU there is no limit
 FIXED_SHAPE_POSITIONS = 4096
+#: elements of one ``[T, C]`` block of :func:`in_batch_logsumexp`'s logits (16 MiB in fp32): a
+#: quarter of the exact head's block, since it comes beside the rest of a sampled step (the
+#: table's gradient, the row blocks' inputs) instead of being all of it
+POOLED_BLOCK_ELEMENTS = 2**22
 #: how :func:`batch_candidates` finds the candidates
 CANDIDATE_METHODS = ("auto", "sorted", "distinct")
 #: a key above every class id: left-out positions sort after every target
@@ -263,13 +267,15 @@ def in_batch_logsumexp(
     """``logsumexp`` ``[T]`` of each row of :func:`in_batch_logits` (every position counted:
     no limit), from queries ``z`` ``[T, D]``, the candidates' vectors ``rows`` ``[U, D]`` and
     ``bias`` ``[U]`` (or ``None``) and their ``log_size`` ``[U]``, without the ``[T, U]``
-    logits: :func:`~lightning_sampled.ops.chunked.chunked_logsumexp` in chunks of candidates,
-    its gradient recomputing each chunk (the three ``[T, U, D]`` products and one more)."""
+    logits: :func:`~lightning_sampled.ops.chunked.chunked_logsumexp` in chunks of candidates
+    (:data:`POOLED_BLOCK_ELEMENTS` logits at a time), its gradient recomputing each chunk (the
+    three ``[T, U, D]`` products and one more)."""
     terms = column_weights(candidates.counts, log_size)
     if bias is not None:
         terms = terms + bias.float()
     column, shift = own_cells(candidates, remove_hits, None)
-    return chunked_logsumexp(z, rows, terms, column, shift)
+    chunk_size = max(1, POOLED_BLOCK_ELEMENTS // max(z.shape[0], 1))
+    return chunked_logsumexp(z, rows, terms, column, shift, chunk_size)
 
 
 def column_weights(counts: Tensor, log_size: Tensor) -> Tensor:

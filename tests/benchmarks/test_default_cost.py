@@ -107,3 +107,29 @@ def test_the_whole_block_variant_lifts_the_block_bound_for_its_step_only(tmp_pat
     assert [r["head"] for r in rows] == ["default", "plain", "default, one block", "products"]
     assert set(seen) == {500, 2**62} and chunked.MAX_BLOCK_ELEMENTS == 500
     assert "--whole-block" in (tmp_path / "dc.md").read_text()
+
+
+def test_the_columns_variant_scores_the_batch_targets_unpooled_for_its_step_only(
+    tmp_path, monkeypatch
+):
+    """``--columns`` times the default with the batch's targets as ``[T, U]`` columns: no pooled
+    log-sum-exp in its step, while the default's step pools them, and the head's pooling is
+    back after each of its steps."""
+    from lightning_sampled.heads import SampledSoftmaxHead, sampled
+
+    pooled = SampledSoftmaxHead.pooled
+    calls = []
+    original = sampled.in_batch_logsumexp
+    monkeypatch.setattr(sampled, "in_batch_logsumexp", lambda *a: calls.append(1) or original(*a))
+    shape = default_cost.Shape("tiny", 60, 300, 8, 5, False)
+    target, z, _ = default_cost.batch_of(shape, torch.device("cpu"))
+    head = default_cost.make_head(shape, "auto")
+    default_cost.in_columns(default_cost.head_step(head, z, target))()
+    assert calls == [] and SampledSoftmaxHead.pooled is pooled
+    default_cost.head_step(head, z, target)()
+    assert calls == [1]
+    monkeypatch.setattr(default_cost, "SHAPES", {"dense": shape})
+    argv = ["--shapes", "dense", "--limits", "--columns", "--repeats", "1"]
+    rows = default_cost.main([*argv, "--name", str(tmp_path / "dc")])
+    assert [r["head"] for r in rows] == ["default", "plain", "default, columns", "products"]
+    assert default_cost.step_peak_mb(shape, "default, columns", "cpu") >= 0.0

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lightning_sampled.heads import SampledSoftmaxHead
-from lightning_sampled.ops import chunked
+from lightning_sampled.ops import chunked, in_batch
 from lightning_sampled.ops.chunked import chunked_logsumexp
 from lightning_sampled.ops.in_batch import (
     distinct_candidates,
@@ -84,7 +84,11 @@ def test_removing_a_dominant_own_cell_loses_nothing_to_cancellation():
 @pytest.mark.parametrize("build", [distinct_candidates, sorted_candidates])
 @pytest.mark.parametrize("remove_hits", [True, False])
 @pytest.mark.parametrize("masked", [False, True])
-def test_in_batch_logsumexp_is_the_logsumexp_of_the_in_batch_columns(build, remove_hits, masked):
+@pytest.mark.parametrize("block", [2**22, 100], ids=["one_chunk", "3_columns_a_chunk"])
+def test_in_batch_logsumexp_is_the_logsumexp_of_the_in_batch_columns(
+    build, remove_hits, masked, block, monkeypatch
+):
+    monkeypatch.setattr(in_batch, "POOLED_BLOCK_ELEMENTS", block)  # 100 // 30 positions = 3
     g = torch.Generator().manual_seed(1)
     T, N, D = 30, 12, 6
     target = torch.randint(N, (T,), generator=g)
