@@ -94,6 +94,14 @@ class InBatchNegatives(NamedTuple):
         """Candidate columns of each row: ``U``."""
         return self.ids.shape[-1]
 
+    @property
+    def shared_by_rows(self) -> bool:
+        """Whether every row corrects the candidates alike, so that they can be pooled
+        (:class:`PooledNegatives`): no ``max_in_batch_draws`` (each row its own draw count) and
+        ``log_q`` ``[U]`` or none, not ``[T, U]`` as a proposal that depends on the query (MIDX)
+        gives."""
+        return self.own is None and (self.log_q is None or self.log_q.dim() == 1)
+
     def rows(self, block: slice) -> InBatchNegatives:
         """The same candidates for the rows ``block``: their own columns and counted flags."""
         candidates = self.candidates._replace(column=self.candidates.column[block])

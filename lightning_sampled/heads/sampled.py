@@ -755,13 +755,12 @@ class SampledSoftmaxHead(ProposalHead):
         function of the same logits as with the ``[T, U]`` columns."""
         sources = []
         for source in negatives.sources:
-            if isinstance(source, InBatchNegatives) and source.own is None:
-                log_size = self.log_size(source.ids, source.log_q, negatives.batch)
-                if log_size.dim() == 1:  # [U], not [T, U] as a query-dependent proposal gives
-                    rows, bias = self.class_rows(source.ids)
-                    remove = self.rules.removes_accidental_hits
-                    lse = in_batch_logsumexp(z, rows, bias, log_size, source.candidates, remove)
-                    source = PooledNegatives(lse)
+            if isinstance(source, InBatchNegatives) and source.shared_by_rows:
+                log_size = self.log_size(source.ids, source.log_q, negatives.batch)  # [U]
+                rows, bias = self.class_rows(source.ids)
+                remove = self.rules.removes_accidental_hits
+                lse = in_batch_logsumexp(z, rows, bias, log_size, source.candidates, remove)
+                source = PooledNegatives(lse)
             sources.append(source)
         return negatives._replace(sources=sources)
 

@@ -239,7 +239,7 @@ def chunked_softmax_sums(
     z: Tensor,
     weight: Tensor,
     bias: Tensor | None,
-    target: Tensor,
+    target: Tensor | None,
     chunk_size: int,
     padding_idx: int | None,
     normalize: bool,
@@ -250,10 +250,11 @@ def chunked_softmax_sums(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The per-row sums the cross-entropy's forward needs, one ``[T, chunk_size]`` block of logits
     at a time: the log-sum-exp over the classes, the target's logit (``0`` for a target outside
-    ``[0, N)``, as a sharded table's ``-1`` is) and, with ``logit_sums``, the sum of the logits
-    over the classes other than ``padding_idx`` (else zeros). Each fp32 ``[T]``; ``z`` ``[T, D]``,
-    ``weight`` ``[N, D]``, ``bias`` ``[N]`` or ``None``, ``target`` long ``[T]``, matmuls in
-    ``dtype``; ``cell_column`` and ``cell_shift`` ``[T]`` shift one logit per row first
+    ``[0, N)``, as a sharded table's ``-1`` is, and for every row when ``target`` is ``None``)
+    and, with ``logit_sums``, the sum of the logits over the classes other than ``padding_idx``
+    (else zeros). Each fp32 ``[T]``; ``z`` ``[T, D]``, ``weight`` ``[N, D]``, ``bias`` ``[N]``
+    or ``None``, ``target`` long ``[T]`` or ``None``, matmuls in ``dtype``; ``cell_column`` and
+    ``cell_shift`` ``[T]`` shift one logit per row first
     (:func:`shift_cells_`; the target's logit is read before the shift).
 
     A custom op, opaque to ``torch.compile``: traced as plain torch, the chunk loop unrolls and
@@ -270,9 +271,10 @@ def chunked_softmax_sums(
         logits = chunk_logits(
             z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
         )
-        inside = (target >= start) & (target < end)
-        local = (target - start).clamp(0, end - start - 1)
-        target_logit = torch.where(inside, logits[rows, local], target_logit)
+        if target is not None:
+            inside = (target >= start) & (target < end)
+            local = (target - start).clamp(0, end - start - 1)
+            target_logit = torch.where(inside, logits[rows, local], target_logit)
         shift_cells_(logits, start, end, cell_column, cell_shift)
         if logit_sums:
             logit_sum += row_sums_without_padding(logits, start, end, padding_idx)
@@ -361,6 +363,44 @@ def _(g, zg, z, weight, bias, lse, chunk_size, padding_idx, normalize, smoothing
     )
 
 
+def folded_softmax_grads(
+    ctx: torch.autograd.function.FunctionCtx,
+    g: Tensor,
+    z: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    lse: Tensor,
+    padding_idx: int | None = None,
+    normalize: bool = False,
+    smoothing: float = 0.0,
+    cells: tuple[Tensor | None, Tensor | None] = (None, None),
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward that :class:`ChunkedCrossEntropy` and :class:`ChunkedLogSumExp` share: the
+    per-row gradient ``g`` ``[T]`` folded into ``zg = g z`` (in ``ctx.dtype``) and
+    :func:`chunked_softmax_grads` in ``ctx.chunk_size`` chunks for the inputs (``z``,
+    ``weight``, ``bias``) whose gradient ``ctx`` needs; ``cells`` is ``(cell_column,
+    cell_shift)``. Returns ``(zg, P W, P^T zg, P^T g)``."""
+    zg = (z.float() * g[:, None]).to(ctx.dtype)
+    need_z, need_w, need_b = ctx.needs_input_grad[:3]
+    grads = chunked_softmax_grads(
+        g,
+        zg,
+        z,
+        weight,
+        bias,
+        lse,
+        ctx.chunk_size,
+        padding_idx,
+        normalize,
+        smoothing,
+        need_z,
+        need_w,
+        need_b,
+        *cells,
+    )
+    return zg, *grads
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Per-row exact cross-entropy of ``softmax(z W^T + b)`` in class chunks.
 
@@ -430,21 +470,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         g = grad_out.float()
         if shards is not None:
             g = shards.sum_(g.clone())
-        zg = (z.float() * g[:, None]).to(ctx.dtype)
-        grad_z, grad_w, grad_b = chunked_softmax_grads(
-            g,
-            zg,
-            z,
-            weight,
-            bias,
-            lse,
-            ctx.chunk_size,
-            ctx.padding_idx,
-            normalize,
-            smoothing_share(eps, *ctx.whole),
-            need_z,
-            need_w,
-            need_b,
+        smoothing = smoothing_share(eps, *ctx.whole)
+        zg, grad_z, grad_w, grad_b = folded_softmax_grads(
+            ctx, g, z, weight, bias, lse, ctx.padding_idx, normalize, smoothing
         )
         with torch.autocast(z.device.type, enabled=False):
             hit = 1.0 - eps
@@ -496,9 +524,8 @@ class ChunkedLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, weight, bias, cell_column, cell_shift, chunk_size):
         dtype = compute_dtype(z)
-        none = torch.full_like(z[:, 0], -1, dtype=torch.long)  # no target logit is read
         lse, _, _ = chunked_softmax_sums(
-            z, weight, bias, none, chunk_size, None, False, False, dtype, cell_column, cell_shift
+            z, weight, bias, None, chunk_size, None, False, False, dtype, cell_column, cell_shift
         )
         ctx.save_for_backward(z, weight, bias, cell_column, cell_shift, lse)
         ctx.chunk_size, ctx.dtype = chunk_size, dtype
@@ -509,23 +536,8 @@ class ChunkedLogSumExp(torch.autograd.Function):
         z, weight, bias, cell_column, cell_shift, lse = ctx.saved_tensors
         need_z, need_w, need_b = ctx.needs_input_grad[:3]
         g = grad_out.float()
-        zg = (z.float() * g[:, None]).to(ctx.dtype)
-        grad_z, grad_w, grad_b = chunked_softmax_grads(
-            g,
-            zg,
-            z,
-            weight,
-            bias,
-            lse,
-            ctx.chunk_size,
-            None,
-            False,
-            0.0,
-            need_z,
-            need_w,
-            need_b,
-            cell_column,
-            cell_shift,
+        _, grad_z, grad_w, grad_b = folded_softmax_grads(
+            ctx, g, z, weight, bias, lse, cells=(cell_column, cell_shift)
         )
         return (
             grad_z.mul_(g[:, None]).to(z.dtype) if need_z else None,
