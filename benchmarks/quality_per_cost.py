@@ -257,11 +257,6 @@ def mean_curve(seeds: dict[str, list[dict]]) -> list[dict]:
     return marks
 
 
-def curves_by_name(out: Path) -> dict[str, list[dict]]:
-    """Each configuration's :func:`mean_curve` over its seeds (:func:`seeds_by_name`)."""
-    return {name: mean_curve(seeds) for name, seeds in seeds_by_name(out).items()}
-
-
 def seed_targets(curves: dict[str, list[dict]], lead: float = 0.05, wanted: int = 3) -> list[str]:
     """Issue 51's seed rule at the last mark two configurations share: every configuration
     within ``lead`` of the best mean there has ``wanted`` seeds; one line each, "met" or "NOT
@@ -405,7 +400,7 @@ def report(out: Path = OUT, path: Path = REPORT, grid_csv: Path = GRID_CSV) -> P
         )
     lines += [f"- {item}" for item in NOT_SHOWN]
     path.write_text("\n".join(lines) + "\n")
-    plot(seeds, out / "gcide_val_ppl.png")
+    plot(curves, seeds, out / "gcide_val_ppl.png")
     return path
 
 
@@ -467,14 +462,17 @@ def _cost_section(curves: dict[str, list[dict]], costs: dict[str, dict]) -> list
     return lines
 
 
-def plot(seeds: dict[str, dict[str, list[dict]]], path: Path) -> None:
-    """Validation perplexity against steps (log y): per configuration the mean over its seeds
-    (:func:`mean_curve`) as a line, each seed's marks as faint points."""
+def plot(
+    curves: dict[str, list[dict]], seeds: dict[str, dict[str, list[dict]]], path: Path
+) -> None:
+    """Validation perplexity against steps (log y): per configuration its mean over the seeds
+    (``curves``, :func:`mean_curve`) as a line, each seed's marks (``seeds``) as faint
+    points."""
     plt = common.pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (name, runs) in enumerate(seeds.items()):
-        curve = mean_curve(runs)
+        curve = curves[name]
         ax.plot(
             [p["step"] for p in curve],
             [p["value"] for p in curve],
