@@ -19,9 +19,10 @@ alike, and the median of ``--repeats`` rounds is reported with the ratio default
 no :data:`~lightning_sampled.ops.chunked.MAX_BLOCK_ELEMENTS` bound, so no activation
 checkpointing either), against which the bounded blocks' recomputation is priced.
 
-``--limits K ...`` adds the default head with ``max_in_batch_draws=K`` (named ``default K``): the
-targets of ``K`` positions drawn at random are the in-batch candidates, ``[T, <= K]`` instead
-of ``[T, U]``; a limit at or above ``T`` changes nothing, so it is timed only below ``T``.
+``--limits K ...`` adds the default head with ``max_in_batch_draws=K`` (named ``default K``): each
+row's candidates are the targets of ``K`` other positions drawn for it, ``[T, K]`` gathered
+vectors instead of the ``[T, U]`` block; a limit at or above ``T`` changes nothing, so it is
+timed only below ``T``.
 
 ``--columns`` adds the default head with the batch's targets scored as ``[T, U]`` columns beside
 the draws, a block of rows at a time (``default, columns``), as it scores them where it cannot
@@ -304,7 +305,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "One forward and backward of `SampledSoftmaxHead` with uniform draws, the default "
         'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
         "against the plain head (`in_batch_negatives=False`), at the recipes' batch shapes, Zipf "
-        "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T); `default, "
+        "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T: each row the "
+        "targets of K other positions drawn for it); `default, "
         "one block`: the default with no bound on a block of scored rows; `default, columns`: "
         "the default scoring the batch's targets as `[T, U]` columns, not pooled into one (as "
         "with a proposal that depends on the query); `products`: the three "

@@ -9,6 +9,8 @@ split across ranks alike:
   ``[T, M]`` or shared ``[M]``;
 - :class:`InBatchNegatives`: the batch's distinct targets ``[U]`` weighted by how many other
   positions hold each (:mod:`lightning_sampled.ops.in_batch`);
+- :class:`InBatchDraws`: under ``max_in_batch_draws=K``, the targets of ``K`` other positions
+  drawn for each row ``[T, K]`` (:func:`~lightning_sampled.ops.in_batch.drawn_per_row`);
 - :class:`PooledNegatives`: candidates that every row shares reduced, before the rows are
   scored, to one column, the log-sum-exp of their corrected columns (the batch's targets without
   a limit: :func:`~lightning_sampled.ops.in_batch.in_batch_logsumexp`).
@@ -24,6 +26,7 @@ and log-sizes into corrected columns under the head's
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from torch import Tensor
@@ -76,14 +79,11 @@ class InBatchNegatives(NamedTuple):
         ids: long ``[U]`` the candidates' rows of the head's table.
         candidates: their :class:`~lightning_sampled.ops.in_batch.BatchCandidates` (counts,
             each position's column).
-        own: bool ``[T]`` the positions counted in ``candidates.counts`` under
-            ``max_in_batch_draws`` (``None``: every one with a column).
         log_q: ``[U]`` their ``log q`` under the sampler, ``None`` where the head draws none.
     """
 
     ids: Tensor
     candidates: BatchCandidates
-    own: Tensor | None
     log_q: Tensor | None
 
     #: the ``[U, D]`` candidate vectors are gathered once for every row
@@ -97,16 +97,14 @@ class InBatchNegatives(NamedTuple):
     @property
     def shared_by_rows(self) -> bool:
         """Whether every row corrects the candidates alike, so that they can be pooled
-        (:class:`PooledNegatives`): no ``max_in_batch_draws`` (each row its own draw count) and
-        ``log_q`` ``[U]`` or none, not ``[T, U]`` as a proposal that depends on the query (MIDX)
-        gives."""
-        return self.own is None and (self.log_q is None or self.log_q.dim() == 1)
+        (:class:`PooledNegatives`): ``log_q`` ``[U]`` or none, not ``[T, U]`` as a proposal that
+        depends on the query (MIDX) gives."""
+        return self.log_q is None or self.log_q.dim() == 1
 
     def rows(self, block: slice) -> InBatchNegatives:
-        """The same candidates for the rows ``block``: their own columns and counted flags."""
+        """The same candidates for the rows ``block``: their own columns."""
         candidates = self.candidates._replace(column=self.candidates.column[block])
-        own = None if self.own is None else self.own[block]
-        return InBatchNegatives(self.ids, candidates, own, self.log_q)
+        return InBatchNegatives(self.ids, candidates, self.log_q)
 
     def columns(
         self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor
@@ -115,9 +113,50 @@ class InBatchNegatives(NamedTuple):
         (:func:`~lightning_sampled.ops.in_batch.in_batch_logits`): a position's own target's
         column holds its accidental hits, so ``hits`` is not needed."""
         del hits  # the own column is known from candidates.column
-        return in_batch_logits(
-            logits, log_size, self.candidates, convention.removes_accidental_hits, self.own
-        )
+        remove_hits = convention.removes_accidental_hits
+        return in_batch_logits(logits, log_size, self.candidates, remove_hits)
+
+
+class InBatchDraws(NamedTuple):
+    """The targets of ``K`` other positions drawn for each row (``max_in_batch_draws``), each a
+    column of its own, corrected like a sampled draw by the mixture's ``log(M q_s + K q_b)``.
+
+    Attributes:
+        ids: long ``[T, K]`` rows of the head's table (over a split table, any row where
+            another rank holds the class: ``kept`` leaves it out).
+        log_q: ``[T, K]`` their ``log q`` under the sampler, ``None`` where the head draws none.
+        kept: bool, broadcasting to ``[T, K]``, the draws that count (a lone scored position
+            has none; over a split table, those of the classes this rank holds), or ``None``:
+            all.
+    """
+
+    ids: Tensor
+    log_q: Tensor | None
+    kept: Tensor | None
+
+    @property
+    def gathered_per_row(self) -> int:
+        """Class vectors gathered for each row: its ``K`` draws."""
+        return self.ids.shape[1]
+
+    @property
+    def num_columns(self) -> int:
+        """Candidate columns of each row: ``K``."""
+        return self.ids.shape[1]
+
+    def rows(self, block: slice) -> InBatchDraws:
+        """The draws of the rows ``block``."""
+        log_q = None if self.log_q is None else self.log_q[block]
+        kept = self.kept if self.kept is None or self.kept.dim() < 2 else self.kept[block]
+        return InBatchDraws(self.ids[block], log_q, kept)
+
+    def columns(
+        self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor
+    ) -> Tensor:
+        """Corrected columns ``[T, K]``: a draw of a row's own target is an accidental hit, as
+        a sampled one is; the draws not kept are no candidates (``-inf``)."""
+        columns = convention.negatives(logits, self.ids, log_size, hits)
+        return columns if self.kept is None else columns.masked_fill(~self.kept, -math.inf)
 
 
 class PooledNegatives(NamedTuple):
@@ -142,4 +181,4 @@ class PooledNegatives(NamedTuple):
 
 
 #: a source of negatives
-NegativeSource = DrawnNegatives | InBatchNegatives | PooledNegatives
+NegativeSource = DrawnNegatives | InBatchNegatives | InBatchDraws | PooledNegatives

@@ -14,12 +14,14 @@ section "The sampled-softmax estimator and the default configuration", not here.
 The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
 positions, which grows with the batch (``benchmarks/results/default_cost.md``: on a CPU the
 head's step alone costs from under 2x the plain head's at a language model's batch to 8-19x at
-a 1M-item recommender's). ``max_in_batch_draws=K`` bounds it: the targets of ``K`` positions
-drawn at random each step are the in-batch candidates, ``K`` draws per query instead of
-``T - 1``. It is consistent but no free lunch: in issue 31's grid it kept most of the default's
-gain on the language models and lost all of it, and more, on the MovieLens-1M recommenders,
-where the ``K`` positions' targets shared by every query are a trap, as shared negatives are
-(the README's table). ``in_batch_negatives=False`` is the plain sampled softmax.
+a 1M-item recommender's). ``max_in_batch_draws=K`` bounds it: each row draws ``K`` of the
+other positions at random, with replacement, and their targets are its in-batch candidates,
+corrected like sampled draws by ``log(M q + K q_b)`` (``K`` draws per query instead of ``T - 1``,
+``[T, K]`` work instead of ``[T, U]``). The rows draw independently, so the draws' noise averages
+over the batch; ``K`` positions shared by every row, the first form of this limit, carried the
+noise of shared negatives and lost the MovieLens-1M recommenders of issue 31's grid half their
+NDCG@10 (``benchmarks/results/estimator_gradient.md`` has the brute-force check that found it).
+``in_batch_negatives=False`` is the plain sampled softmax.
 
 The estimator conventions (:mod:`lightning_sampled.ops.conventions`) differ in what they
 correct and mask:
@@ -82,12 +84,9 @@ from ..ops import chunked
 from ..ops.conventions import CONVENTIONS, Convention, convention_named
 from ..ops.in_batch import (
     CANDIDATE_METHODS,
-    BatchCandidates,
-    DrawnPositions,
     batch_candidates,
-    drawn_positions,
+    drawn_per_row,
     in_batch_logsumexp,
-    limited_candidates,
     log_mixture_size,
 )
 from ..ops.inputs import given_negatives, nothing_scored, reduce_losses
@@ -95,39 +94,38 @@ from ..ops.losses import sampled_multi_positive_losses, sampled_softmax_losses, 
 from ..samplers import Sample, Sampler
 from ..samplers.frequency import TargetFrequency
 from ..sharding.collectives import all_reduce_sum, combined_logsumexp, gather_rows
-from .negative_sources import DrawnNegatives, InBatchNegatives, NegativeSource, PooledNegatives
+from .negative_sources import (
+    DrawnNegatives,
+    InBatchDraws,
+    InBatchNegatives,
+    NegativeSource,
+    PooledNegatives,
+)
 from .proposal import ProposalHead
 from .stratified import held_candidates, local_logsumexp, stratum_size
 
 
 class BatchProposal(NamedTuple):
-    """In-batch negatives' proposal for one batch: ``q_b``, the draws per query (``T - 1``, a
-    long scalar tensor where ``mask`` is given; long ``[T, 1]``, one per row, where
-    ``positions`` is given) and the batch's targets (long ``[T]``), which floor ``q_b``
-    (:meth:`TargetFrequency.log_prob`), but those ``mask`` (bool ``[T]``, or ``None``) leaves
-    out. ``counted``: the batch was just counted into a moving estimate, so the floor cannot
-    change it. ``positions``: the positions whose targets are the draws under
-    ``max_in_batch_draws`` (:func:`~lightning_sampled.ops.in_batch.drawn_positions`),
-    ``None`` for every scored one."""
+    """In-batch negatives' proposal for one batch: ``q_b``, the draws per query (``T - 1``, or
+    ``K`` under ``max_in_batch_draws``; a long scalar tensor where ``mask`` is given) and the
+    batch's targets (long ``[T]``), which floor ``q_b`` (:meth:`TargetFrequency.log_prob`), but
+    those ``mask`` (bool ``[T]``, or ``None``) leaves out. ``counted``: the batch was just
+    counted into a moving estimate, so the floor cannot change it. ``per_row``: each row draws
+    its own ``num_draws`` positions (:func:`~lightning_sampled.ops.in_batch.drawn_per_row`)
+    instead of taking every other scored one."""
 
     frequency: TargetFrequency
     num_draws: int | Tensor
     targets: Tensor
     mask: Tensor | None
     counted: bool
-    positions: DrawnPositions | None = None
+    per_row: bool = False
 
     def log_prob(self, ids: Tensor) -> Tensor:
         """``log q_b`` of class ids of any shape, floored by the batch's targets."""
         if self.counted:
             return self.frequency.log_prob(ids, after_update=True)
         return self.frequency.log_prob(ids, self.targets, self.mask)
-
-    def rows(self, block: slice) -> BatchProposal:
-        """The proposal seen by the rows ``block`` of the batch: their own in-batch draw counts
-        under ``max_in_batch_draws``, the same ``q_b`` (floored by the whole batch)."""
-        per_row = isinstance(self.num_draws, Tensor) and self.num_draws.dim() > 0
-        return self._replace(num_draws=self.num_draws[block]) if per_row else self
 
 
 class BatchNegatives(NamedTuple):
@@ -148,7 +146,7 @@ class BatchNegatives(NamedTuple):
     def rows(self, block: slice) -> BatchNegatives:
         """The negatives of the rows ``block`` of the batch."""
         return BatchNegatives(
-            None if self.batch is None else self.batch.rows(block),
+            self.batch,
             [source.rows(block) for source in self.sources],
             None if self.positive_log_q is None else self.positive_log_q[block],
         )
@@ -213,12 +211,11 @@ class SampledSoftmaxHead(ProposalHead):
             ``torch.unique`` elsewhere; ``"sorted"`` or ``"distinct"`` force one (over a split
             table the candidates are always distinct).
         max_in_batch_draws: at most this many in-batch draws per query: where more positions
-            are scored (over a split table: in every rank's batch together), the targets of
-            this many positions drawn at random each step are the candidates
-            (:func:`~lightning_sampled.ops.in_batch.limited_candidates`), which bounds the
-            ``[T, U]`` block at ``[T, K]``. ``None`` (the default): every other position's.
-            Measure it on your task first: it cost the recommenders of issue 31's grid more
-            than it saved (module docstring).
+            are scored (over a split table: in every rank's batch together), each row draws
+            this many of the other scored positions, with replacement, and their targets are
+            its in-batch candidates (:meth:`in_batch_draws`), ``[T, K]`` work instead of the
+            ``[T, U]`` block over the batch's distinct targets. ``None`` (the default): every
+            other position's target.
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
@@ -288,19 +285,12 @@ class SampledSoftmaxHead(ProposalHead):
         self._shard_if_distributed()
 
     def _checked_limit(self, limit: int | None) -> int | None:
-        """``max_in_batch_draws``, checked: a positive int, at least 2 without sampled draws
-        (a drawn position's own row would have none), and only with in-batch negatives."""
+        """``max_in_batch_draws``, checked: a positive int, and only with in-batch negatives."""
         if limit is None:
             return None
         if not self.in_batch_negatives:
             raise ValueError("max_in_batch_draws limits in-batch negatives: not with False")
-        check_positive_int("max_in_batch_draws", limit)
-        if self.num_negatives == 0 and limit < 2:
-            raise ValueError(
-                f"max_in_batch_draws must be >= 2 with num_negatives=0 (a drawn position's own "
-                f"row has one draw fewer), got {limit}"
-            )
-        return limit
+        return check_positive_int("max_in_batch_draws", limit)
 
     def _after_growth(self, num_new: int) -> None:
         """:meth:`ProposalHead._after_growth`, and the in-batch frequency estimate grows."""
@@ -473,10 +463,7 @@ class SampledSoftmaxHead(ProposalHead):
         found once (with ``in_batch_negatives``, a call in training mode counts ``target`` into
         ``q_b``)."""
         batch = self.batch_proposal(target, mask) if self.in_batch_negatives else None
-        in_batch = None
-        if batch is not None:
-            candidates, own = self.in_batch_candidates_of(target, mask, batch)
-            in_batch = self.in_batch_source(z, candidates.ids, candidates, own)
+        in_batch = None if batch is None else self.in_batch_source(z, target, mask, batch)
         return self.negatives_of(z, target, batch, in_batch)
 
     def corrected_logits(
@@ -509,13 +496,7 @@ class SampledSoftmaxHead(ProposalHead):
         local_y = shard_map.local_or(y)
         owned = local_y >= 0
         batch = self.batch_proposal(y) if self.in_batch_negatives else None
-        in_batch = None
-        if batch is not None:
-            every, drawn = self.in_batch_candidates_of(y, None, batch, "distinct")
-            candidates = held_candidates(every, shard_map)
-            in_batch = self.in_batch_source(
-                z, shard_map.local_or(candidates.ids), candidates, drawn
-            )
+        in_batch = None if batch is None else self.in_batch_source(z, y, None, batch)
         pos, columns, log_size = self.estimate(z, local_y.clamp(min=0), local_y, batch, in_batch)
         pos = all_reduce_sum(pos.masked_fill(~owned, 0.0), group)
         if log_size is not None:  # the log-size of the positive on the rank s that holds it
@@ -529,7 +510,7 @@ class SampledSoftmaxHead(ProposalHead):
         rows: Tensor,
         hits: Tensor,
         batch: BatchProposal | None,
-        in_batch: InBatchNegatives | None,
+        in_batch: InBatchNegatives | InBatchDraws | None,
     ) -> tuple[Tensor, list[Tensor], Tensor | None]:
         """The sampled estimate's parts over this head's rows: :meth:`score` of the queries
         over their negatives (:meth:`negatives_of`).
@@ -555,7 +536,7 @@ class SampledSoftmaxHead(ProposalHead):
         z: Tensor,
         rows: Tensor,
         batch: BatchProposal | None,
-        in_batch: InBatchNegatives | None,
+        in_batch: InBatchNegatives | InBatchDraws | None,
     ) -> BatchNegatives:
         """The negative sources of queries ``z`` ``[T, D]`` whose targets are ``rows`` ``[T]``
         (:meth:`estimate`): the sampler's draws (made here) and ``in_batch``."""
@@ -598,18 +579,45 @@ class SampledSoftmaxHead(ProposalHead):
         return pos, columns, self.positive_log_size(rows, negatives.positive_log_q, batch)
 
     def in_batch_source(
-        self, z: Tensor, ids: Tensor, candidates: BatchCandidates, own: Tensor | None
-    ) -> InBatchNegatives:
-        """The batch's targets as a negative source for queries ``z`` ``[T, D]``: candidates
-        ``ids`` ``[U]`` (rows of this head's table), their
-        :class:`~lightning_sampled.ops.in_batch.BatchCandidates` and the positions counted in
-        them (both from :meth:`in_batch_candidates_of`), scored by the sampler where the head
-        draws too."""
-        log_q = None
-        if self.num_local_negatives:
-            with torch.no_grad():
-                log_q = self.sampler.log_prob(z.detach(), ids)
-        return InBatchNegatives(ids, candidates, own, log_q)
+        self, z: Tensor, target: Tensor, mask: Tensor | None, batch: BatchProposal
+    ) -> InBatchNegatives | InBatchDraws:
+        """The batch's targets ``[T]`` (``mask`` as in :meth:`sampled_logits`; over a split
+        table every rank's, global ids) as a negative source for queries ``z`` ``[T, D]``, under
+        ``batch``'s design: every scored position's distinct target, found by
+        ``in_batch_candidates`` (over a split table, always distinct, and those this rank
+        holds: :func:`.stratified.held_candidates`), or under ``max_in_batch_draws`` each row's
+        own draws (:meth:`in_batch_draws`)."""
+        if batch.per_row:
+            return self.in_batch_draws(z, target, mask)
+        method = "distinct" if self.is_split else self.in_batch_candidates
+        candidates = batch_candidates(target, mask, method, self.num_classes)
+        ids = candidates.ids
+        if self.is_split:
+            candidates = held_candidates(candidates, self.shard_map)
+            ids = self.shard_map.local_or(candidates.ids)
+        return InBatchNegatives(ids, candidates, self.sampler_log_q(z, ids))
+
+    def in_batch_draws(self, z: Tensor, target: Tensor, mask: Tensor | None) -> InBatchDraws:
+        """The targets of ``max_in_batch_draws`` other scored positions drawn for each row
+        (:func:`~lightning_sampled.ops.in_batch.drawn_per_row`), the same on every rank of a
+        split table, where each rank keeps the classes it holds."""
+        generator = self.sampler.draw_generator(target.device, per_rank=False)
+        limit = self.max_in_batch_draws
+        draws = drawn_per_row(target.numel(), limit, mask, generator, target.device)
+        ids, kept = target[draws.positions], draws.kept
+        if self.is_split:
+            local = self.shard_map.local_or(ids)
+            held = local >= 0
+            ids, kept = local.clamp(min=0), held if kept is None else held & kept
+        return InBatchDraws(ids, self.sampler_log_q(z, ids), kept)
+
+    def sampler_log_q(self, z: Tensor, ids: Tensor) -> Tensor | None:
+        """``log q`` of candidates ``ids`` (``[U]`` or ``[T, U]``) under the sampler for queries
+        ``z`` ``[T, D]``, the mixture's first term; ``None`` where the head draws none."""
+        if not self.num_local_negatives:
+            return None
+        with torch.no_grad():
+            return self.sampler.log_prob(z.detach(), ids)
 
     def _draw(self, z: Tensor, target: Tensor) -> tuple[Sample, Tensor | None]:
         """The sampler's draws for queries ``z`` ``[T, D]`` and, when the positive is corrected,
@@ -648,27 +656,12 @@ class SampledSoftmaxHead(ProposalHead):
         counted = self.training and not frequency.fixed
         limit = self.max_in_batch_draws
         if limit is not None and target.numel() > limit:
-            # the same positions on every rank: over a split table each scores its own classes
-            generator = self.sampler.draw_generator(target.device, per_rank=False)
-            positions = drawn_positions(target, limit, mask, generator)
-            draws = positions.draws_per_row()
-            return BatchProposal(frequency, draws, target, mask, counted, positions)
+            # K draws for each row; none where a mask leaves one position scored (static shapes)
+            draws = limit if mask is None else (scored >= 2).long() * limit
+            return BatchProposal(frequency, draws, target, mask, counted, per_row=True)
         # no draw at all where no position is scored (static shapes: every one left out)
         draws = scored - 1 if mask is None else (scored - 1).clamp(min=0)
         return BatchProposal(frequency, draws, target, mask, counted)
-
-    def in_batch_candidates_of(
-        self, target: Tensor, mask: Tensor | None, batch: BatchProposal, method: str | None = None
-    ) -> tuple[BatchCandidates, Tensor | None]:
-        """The in-batch candidates of a batch of targets ``[T]`` (``mask`` as in
-        :meth:`sampled_logits`) under ``batch``'s design, found by ``method`` (default
-        ``in_batch_candidates``): every scored position's target, or under
-        ``max_in_batch_draws`` the drawn positions' (and bool ``[T]``, which positions were
-        drawn, for :func:`~lightning_sampled.ops.in_batch.in_batch_logits`'s ``own``)."""
-        method = self.in_batch_candidates if method is None else method
-        if batch.positions is None:
-            return batch_candidates(target, mask, method, self.num_classes), None
-        return limited_candidates(target, mask, batch.positions, method), batch.positions.drawn
 
     def log_size(self, ids: Tensor, log_q: Tensor | None, batch: BatchProposal | None) -> Tensor:
         """``log(M q(ids))``, or with in-batch negatives the mixture's
@@ -687,10 +680,8 @@ class SampledSoftmaxHead(ProposalHead):
         self, target: Tensor, log_q: Tensor | None, batch: BatchProposal | None
     ) -> Tensor:
         """:meth:`log_size` ``[T]`` of each row's own positive (``target`` ``[T]``, ``log_q``
-        ``[T]`` or ``None``): under ``max_in_batch_draws`` each row has its own in-batch draw
-        count, so the positives go in as a ``[T, 1]`` column."""
-        column = None if log_q is None else log_q[:, None]
-        return self.log_size(target[:, None], column, batch)[:, 0]
+        ``[T]`` or ``None``)."""
+        return self.log_size(target, log_q, batch)
 
     @property
     def rules(self) -> Convention:

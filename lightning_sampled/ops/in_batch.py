@@ -29,13 +29,15 @@ The ``[T, U]`` block grows with the batch (``U`` approaches ``T`` over a large c
 every row shares the candidates and their correction, :func:`in_batch_logsumexp` reduces it to
 one column per row, the log-sum-exp of the corrected block, a chunk of candidates at a time:
 the three ``[T, U, D]`` products and one more that recomputes each chunk in backward, and no
-``[T, U]`` tensor kept (``benchmarks/results/default_cost.md`` has what each costs). A limit
-``K`` on the in-batch draws bounds the block itself: the targets of ``K`` positions drawn at
-random without replacement (:func:`drawn_positions`) are the candidates
-(:func:`limited_candidates`), ``[T, U_K]`` with ``U_K <= K``. Drawn
-independently of the queries, they are still draws from ``q_b``, ``K`` per query, ``K - 1`` for
-a query whose own position was drawn, and the correction of row ``t`` is
-``log(M q_s + n_t q_b)`` with its own ``n_t``.
+``[T, U]`` tensor kept (``benchmarks/results/default_cost.md`` has what each costs).
+
+A limit ``K`` on the in-batch draws (``max_in_batch_draws``) bounds the work at ``[T, K]``: each
+row draws its own ``K`` of the other scored positions, uniformly with replacement
+(:func:`drawn_per_row`), and their targets are its candidates, each a column of its own
+corrected by ``log(M q_s + K q_b)`` like a sampled draw. Rows draw independently, so the noise
+of the draws averages over the batch as per-query negatives' does: ``K`` positions shared by
+every row instead (this module's first bounded form) carry the noise of shared negatives, which
+cost the MovieLens-1M recommenders of issue 31's grid half their NDCG@10.
 """
 
 from __future__ import annotations
@@ -166,64 +168,46 @@ def _compacted(
     return BatchCandidates(ids, counts, column.where(candidates.column >= 0, -1))
 
 
-class DrawnPositions(NamedTuple):
-    """The positions whose targets are the in-batch draws under a limit.
+class RowDraws(NamedTuple):
+    """The in-batch draws under a limit ``K``: each row's own ``K`` positions of the batch.
 
     Attributes:
-        index: long ``[K]`` the drawn positions.
-        drawn: bool ``[T]`` whether each position is one of them (its own column then counts
-            one draw less: :func:`in_batch_logits`'s ``own``).
-        num_scored: how many drawn positions are scored: ``K``, or a long scalar tensor where
-            a mask leaves positions out.
+        positions: long ``[T, K]`` the drawn positions of each row (never the row itself where
+            another position is scored).
+        kept: ``None``, or a bool scalar tensor where a mask may leave fewer than two scored
+            positions: whether the draws count (a lone scored position has no other to draw).
     """
 
-    index: Tensor
-    drawn: Tensor
-    num_scored: int | Tensor
-
-    def draws_per_row(self) -> Tensor:
-        """long ``[T, 1]``: each position's in-batch draws, the scored drawn positions but its
-        own."""
-        return (self.num_scored - self.drawn.long()).clamp(min=0)[:, None]
+    positions: Tensor
+    kept: Tensor | None
 
 
-def drawn_positions(
-    target: Tensor, limit: int, mask: Tensor | None, generator: torch.Generator | None
-) -> DrawnPositions:
-    """``limit`` of the positions of a batch of targets ``[T]`` drawn uniformly without
-    replacement from the scored ones (bool ``mask`` ``[T]``; ``None``: all), by random keys
-    from ``generator`` (``None``: torch's default). Where fewer are scored (static shapes), the
-    rest are left-out positions, which :func:`limited_candidates` does not count. Fixed shapes,
-    no host sync."""
-    keys = rand(target.shape, target.device, generator)
-    if mask is not None:
-        keys = keys.masked_fill(~mask, 2.0)  # after every scored position
-    index = keys.topk(limit, largest=False, sorted=False).indices
-    drawn = torch.zeros_like(target, dtype=torch.bool).index_fill_(0, index, True)
-    num_scored = limit if mask is None else mask.index_select(0, index).sum()
-    return DrawnPositions(index, drawn, num_scored)
-
-
-def limited_candidates(
-    target: Tensor, mask: Tensor | None, positions: DrawnPositions, method: str = "auto"
-) -> BatchCandidates:
-    """The candidates of the drawn ``positions`` (:func:`drawn_positions`) of a batch of
-    targets ``[T]`` (``mask`` as in :func:`batch_candidates`): ``ids [U_K]`` and ``counts
-    [U_K]``, the distinct targets of the scored drawn positions (:func:`batch_candidates` by
-    ``method``) counted among them, and every position's ``column [T]``, its own target's
-    (``-1`` where no drawn position holds it, or the position is left out)."""
-    index = positions.index
-    drawn_mask = None if mask is None else mask.index_select(0, index)
-    drawn = batch_candidates(target.index_select(0, index), drawn_mask, method)
-    # the counted columns' ids are sorted, the others repeat an earlier id or trail: keep each
-    # counted id to the next one, and a binary search finds the counted column of any class
-    counted = drawn.counts > 0
-    keys = torch.where(counted, drawn.ids, -1).cummax(0).values
-    column = torch.searchsorted(keys, target).clamp(max=max(keys.numel() - 1, 0))
-    found = (keys.gather(0, column) == target) & counted.gather(0, column)
-    if mask is not None:
-        found &= mask
-    return BatchCandidates(drawn.ids, drawn.counts, column.where(found, -1))
+def drawn_per_row(
+    num_positions: int,
+    limit: int,
+    mask: Tensor | None,
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> RowDraws:
+    """``limit`` positions for each of ``num_positions`` rows, drawn uniformly with replacement
+    from the scored positions (bool ``mask`` ``[T]``; ``None``: all) other than the row's own,
+    by uniform keys from ``generator`` (``None``: torch's default): independent across rows, so
+    their noise averages over the batch as per-query draws' does. Fixed shapes, no host sync:
+    the ``r``-th other scored position is found by a binary search in the scored positions'
+    running count."""
+    keys = rand((num_positions, limit), device, generator, torch.float64)
+    rows = torch.arange(num_positions, device=device)[:, None]
+    if mask is None:
+        others = num_positions - 1
+        r = (keys * others).long().clamp(max=others - 1)
+        return RowDraws(r + (r >= rows).long(), None)
+    running = mask.long().cumsum(0)  # scored positions up to and including each
+    others = (running[-1] - mask.long())[:, None]  # [T, 1]: every scored one but the row
+    r = (keys * others).long().clamp(max=(others - 1).clamp(min=0))
+    own = torch.where(mask, running - 1, num_positions)[:, None]  # the row's rank, if scored
+    r = r + (r >= own).long()
+    positions = torch.searchsorted(running, r + 1).clamp(max=num_positions - 1)
+    return RowDraws(positions, running[-1] >= 2)
 
 
 def in_batch_logits(
@@ -231,13 +215,12 @@ def in_batch_logits(
     log_size: Tensor,
     candidates: BatchCandidates,
     remove_hits: bool,
-    own: Tensor | None = None,
 ) -> Tensor:
     """Corrected in-batch logits ``[T, U]``: ``o_u + log(#other positions holding u) - log_size``.
 
     Every position but ``t`` itself holding ``u`` is one in-batch draw of ``u``, so column ``u``
-    counts ``counts[u]`` draws, less one in the position's own column (``u = y_t``) when the
-    position is itself among the counted ones (``own``). That own column holds exactly the
+    counts ``counts[u]`` draws, less one in the position's own column (``u = y_t``). That own
+    column holds exactly the
     accidental hits, so ``remove_hits`` sets it to ``-inf`` instead. One ``[T, U]`` pass and an
     in-place shift of ``T`` entries (:func:`own_cells`); no ``[T, U]`` index or mask.
 
@@ -246,13 +229,11 @@ def in_batch_logits(
         log_size: ``[U]`` or ``[T, U]`` the candidates' corrections (:func:`log_mixture_size`).
         candidates: the batch's :class:`BatchCandidates`.
         remove_hits: mask the own column (the conventions that remove accidental hits).
-        own: bool ``[T]``, the positions counted in ``candidates.counts``
-            (:func:`limited_candidates`); ``None``: every one with a column.
     """
     corrected = logits + column_weights(candidates.counts, log_size)
     if corrected.shape[1] == 0:
         return corrected
-    column, shift = own_cells(candidates, remove_hits, own)
+    column, shift = own_cells(candidates, remove_hits)
     return shift_cells_(corrected, 0, corrected.shape[1], column, shift)
 
 
@@ -264,16 +245,16 @@ def in_batch_logsumexp(
     candidates: BatchCandidates,
     remove_hits: bool,
 ) -> Tensor:
-    """``logsumexp`` ``[T]`` of each row of :func:`in_batch_logits` (every position counted:
-    no limit), from queries ``z`` ``[T, D]``, the candidates' vectors ``rows`` ``[U, D]`` and
-    ``bias`` ``[U]`` (or ``None``) and their ``log_size`` ``[U]``, without the ``[T, U]``
-    logits: :func:`~lightning_sampled.ops.chunked.chunked_logsumexp` in chunks of candidates
+    """``logsumexp`` ``[T]`` of each row of :func:`in_batch_logits`, from queries ``z``
+    ``[T, D]``, the candidates' vectors ``rows`` ``[U, D]`` and ``bias`` ``[U]`` (or ``None``)
+    and their ``log_size`` ``[U]``, without the ``[T, U]`` logits:
+    :func:`~lightning_sampled.ops.chunked.chunked_logsumexp` in chunks of candidates
     (:data:`POOLED_BLOCK_ELEMENTS` logits at a time), its gradient recomputing each chunk (the
     three ``[T, U, D]`` products and one more)."""
     terms = column_weights(candidates.counts, log_size)
     if bias is not None:
         terms = terms + bias.float()
-    column, shift = own_cells(candidates, remove_hits, None)
+    column, shift = own_cells(candidates, remove_hits)
     chunk_size = max(1, POOLED_BLOCK_ELEMENTS // max(z.shape[0], 1))
     return chunked_logsumexp(z, rows, terms, column, shift, chunk_size)
 
@@ -285,21 +266,18 @@ def column_weights(counts: Tensor, log_size: Tensor) -> Tensor:
     return torch.where(counts > 0, counts.log() - log_size, -math.inf)
 
 
-def own_cells(
-    candidates: BatchCandidates, remove_hits: bool, own: Tensor | None
-) -> tuple[Tensor, Tensor]:
+def own_cells(candidates: BatchCandidates, remove_hits: bool) -> tuple[Tensor, Tensor]:
     """Each position's own column and what it adds there (:func:`in_batch_logits`): long
     ``[T]`` the column (``-1``: none listed) and fp32 ``[T]`` ``-inf`` where ``remove_hits``,
-    else ``log((n - 1) / n)`` for a position counted among the ``n`` holding its target (``own``;
-    ``-inf`` where ``n = 1``) and 0 for one that is not."""
+    else ``log((n - 1) / n)`` for a position among the ``n`` holding its target (``-inf`` where
+    ``n = 1``) and 0 for one whose target is not listed."""
     listed = candidates.column >= 0
     if remove_hits:
         shift = torch.full(listed.shape, -math.inf, device=listed.device)
         return candidates.column, shift
     counts = candidates.counts.to(torch.float32)
     fewer = (counts - 1).log() - counts.log()  # log((n - 1) / n), -inf where n = 1
-    counted_self = listed if own is None else listed & own
-    shift = fewer[candidates.column.clamp(min=0)].masked_fill(~counted_self, 0.0)
+    shift = fewer[candidates.column.clamp(min=0)].masked_fill(~listed, 0.0)
     return candidates.column, shift
 
 
@@ -313,15 +291,14 @@ def log_mixture_size(
             with ``log_q_batch``), or ``None`` when ``num_sampled`` is 0.
         num_sampled: ``M``, the sampler's draws per query.
         log_q_batch: ``log q_b`` of the candidates under the targets' distribution.
-        num_batch: ``T - 1``, the in-batch draws per query (a long scalar tensor where the
-            scored positions are counted on the device; long ``[T, 1]``, one per row, under a
-            limit: :meth:`DrawnPositions.draws_per_row`).
+        num_batch: ``T - 1``, the in-batch draws per query, or ``K`` under a limit (a long
+            scalar tensor where the scored positions are counted on the device).
 
     Returns:
         fp32 tensor of the broadcast shape.
     """
     if isinstance(num_batch, Tensor):
-        log_batch = num_batch.double().log().float()  # [T, 1] per row must not promote
+        log_batch = num_batch.double().log().float()  # a long tensor must not promote
     else:
         log_batch = math.log(num_batch) if num_batch else -math.inf
     batch_term = log_q_batch.float() + log_batch
