@@ -9,8 +9,10 @@ with the proposals ``uniform``, ``unigram`` and ``midx_rq`` (``recipes/configs/h
 drawn per query, and ``uniform`` and ``unigram`` shared by the batch (``shared_negatives=True``;
 MIDX's proposal depends on the query, so it has no shared form). Every sampled cell trains under
 each of ``--conventions`` (:data:`CONFIGURATIONS`: ``SampledSoftmaxHead(convention=...)``,
-``corrected_all+batch``, the same with ``in_batch_negatives=True``, and ``corrected_all+batchK``,
-that with ``max_in_batch_draws=K``); each task also trains the full
+``corrected_all+batch``, the same with ``in_batch_negatives=True``, and ``corrected_all+rowsK``,
+that with ``max_in_batch_draws=K``: each row the targets of ``K`` other positions drawn for it;
+the grid's ``corrected_all+batchK`` rows measured the limit's first form, ``K`` positions shared
+by every row, removed since: :data:`RETIRED`); each task also trains the full
 softmax and CANE (``cane.yaml``; on the language models 4 beam candidates and 16 noises, as
 Table 4's row), for reference. Each run validates exactly after every epoch (GCIDE: every 500
 steps, on the recipe's first 10,000 validation tokens; perplexity over the whole vocabulary,
@@ -117,13 +119,13 @@ CELLS = (
 #: the head configurations a sampled cell can train (``--conventions``): a convention, or
 #: ``corrected_all`` with the batch's other targets as further negatives (mixed negatives,
 #: ``in_batch_negatives=True``), the library's default configuration since issue 31, and that
-#: with at most ``K`` in-batch draws per query (``max_in_batch_draws``)
+#: with ``K`` in-batch draws for each row (``max_in_batch_draws``)
 CONFIGURATIONS = {
     "exact_positive": {"convention": "exact_positive", "in_batch_negatives": False},
     "corrected_all": {"convention": "corrected_all", "in_batch_negatives": False},
     "corrected_all+batch": {"convention": "corrected_all", "in_batch_negatives": True},
     **{
-        f"corrected_all+batch{k}": {
+        f"corrected_all+rows{k}": {
             "convention": "corrected_all",
             "in_batch_negatives": True,
             "max_in_batch_draws": k,
@@ -141,6 +143,18 @@ CONFIGURATIONS = {
         "num_negatives": GCIDE_MATCHED,
     },
 }
+#: configurations the grid's rows name that the library no longer has, with what they were: the
+#: report shows their rows as measured, after the current ones, and says what they were
+RETIRED = {
+    f"corrected_all+batch{k}": (
+        f"`max_in_batch_draws={k}` in its first form, the targets of {k} positions shared by "
+        "every row, removed in b59f87e (issue 52: its shared noise cost the recommenders half "
+        f"their NDCG@10); `corrected_all+rows{k}` is the form that replaced it"
+    )
+    for k in (256, 1024)
+}
+#: the configurations a row may name, in the report's order
+EVERY_CONFIGURATION = [*CONFIGURATIONS, *RETIRED]
 #: the configurations trained by default
 CONVENTIONS = ("exact_positive", "corrected_all")
 REFERENCES = ("full", "cane")
@@ -444,14 +458,13 @@ def drawn_negatives(run: Run) -> int:
 
 def candidates_per_position(run: Run, distinct_targets: float) -> float:
     """The columns a position scores: the positive and ``M`` draws, or with in-batch negatives
-    the ``M`` draws and the batch's ``U`` distinct targets (the positive one of them; at most
-    ``max_in_batch_draws`` of them)."""
+    the ``M`` draws and the batch's ``U`` distinct targets (the positive one of them), or
+    under ``max_in_batch_draws=K`` its ``K`` draws from the batch."""
     options = CONFIGURATIONS.get(run.convention or "", {})
     if not options.get("in_batch_negatives"):
         return 1.0 + drawn_negatives(run)
     limit = options.get("max_in_batch_draws")
-    in_batch = distinct_targets if limit is None else min(distinct_targets, limit)
-    return drawn_negatives(run) + in_batch
+    return drawn_negatives(run) + (distinct_targets if limit is None else limit)
 
 
 class MarkLog(L.Callback):
@@ -698,13 +711,18 @@ def report(rows: list[dict], out: Path, tiny: bool = False) -> None:
             f"- `{convention}`: {sum(s['within'] for s in mine)} of {len(mine)}"
             + (f"; not: {', '.join(misses)}" if misses else "")
         )
+    retired = [c for c in conventions if c in RETIRED]
+    if retired:
+        lines += ["", "### Retired configurations", ""]
+        lines += [f"- `{c}`: {RETIRED[c]}" for c in retired]
     (out / "estimator_grid.md").write_text("\n".join(lines) + "\n")
     plot(summary, out / "estimator_grid.png")
 
 
 def in_order(conventions: Iterable[str]) -> list[str]:
-    """The distinct ``conventions`` in the order of :data:`CONFIGURATIONS`."""
-    return sorted(set(conventions), key=list(CONFIGURATIONS).index)
+    """The distinct ``conventions`` in the order of :data:`CONFIGURATIONS`, then
+    :data:`RETIRED`."""
+    return sorted(set(conventions), key=EVERY_CONFIGURATION.index)
 
 
 def describe(s: dict[str, Any], ranked: bool) -> str:
@@ -743,7 +761,7 @@ def plot(summary: list[dict], path: Path) -> None:
                 for c in cells
                 if c in found
             ]
-            color = f"C{list(CONFIGURATIONS).index(convention)}"  # alike in every panel
+            color = f"C{EVERY_CONFIGURATION.index(convention)}"  # alike in every panel
             ax.bar(xs, ys, width, yerr=es, label=convention, color=color)
         ax.set_xticks(
             [j + 0.4 - width / 2 for j in range(len(cells))], cells, rotation=25, fontsize=8

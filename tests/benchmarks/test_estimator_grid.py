@@ -116,13 +116,18 @@ def test_the_report_names_each_convention_s_cells_out(tmp_path):
         r.update(machine="m", torch="t", driver="d", commit="c", finished="2026-11-27T08:00:00Z")
     rows.append(row("ptb", "uniform, per query", "corrected_all", 0, 200.0))
     rows[-1].update(machine="cpu", commit="c")
+    rows.append(row("ptb", "uniform, per query", "corrected_all+batch256", 0, 210.0))
+    rows[-1].update(machine="cpu", commit="c")
     report(rows, tmp_path)
     text = (tmp_path / "estimator_grid.md").read_text()
     assert "- `exact_positive`: 1 of 1" in text
     assert "- `corrected_all`: 1 of 2; not: sasrec uniform, per query (0.900)" in text
+    # a retired configuration's rows are shown as measured, after the others, and named
+    assert "| cell | exact_positive | corrected_all | corrected_all+batch256 |" in text
+    assert "- `corrected_all+batch256`: `max_in_batch_draws=256` in its first form" in text
     assert "- commit: c" in text and "- machine: cpu, m" in text
     assert "seeds 0, 1; on m)" in text and "seeds 0; on cpu)" in text  # each task's machine
-    assert "- 5 of 6 runs record when they finished: between 2026-11-27T08:00:00Z and" in text
+    assert "- 5 of 7 runs record when they finished: between 2026-11-27T08:00:00Z and" in text
     assert (tmp_path / "estimator_grid.png").stat().st_size > 0
 
 
@@ -163,8 +168,9 @@ def test_issue_51_configurations_reach_the_head_with_their_own_draw_counts():
     default = Run("gcide", "uniform", 0, False, "corrected_all+batch")
     assert candidates_per_position(default, 381.6) == 20 + 381.6
     assert candidates_per_position(Run("gcide", "uniform", 0, False, "batch_only"), 300) == 300
-    limited = Run("ptb", "uniform", 0, False, "corrected_all+batch256")
-    assert candidates_per_position(limited, 381.6) == 20 + 256
+    limited = Run("ptb", "uniform", 0, False, "corrected_all+rows256")
+    assert candidates_per_position(limited, 381.6) == candidates_per_position(limited, 90) == 276
+    assert method_of(limited).head(1000, 8).max_in_batch_draws == 256
 
 
 def test_the_new_options_default_to_the_grid_s_behaviour():
