@@ -216,8 +216,10 @@ class SampledSoftmaxHead(ProposalHead):
         max_in_batch_draws: at most this many in-batch draws per query: where more positions
             are scored (over a split table: in every rank's batch together), each row draws
             this many of the other scored positions, with replacement, and their targets are
-            its in-batch candidates (:meth:`in_batch_draws`), ``[T, K]`` work instead of the
-            ``[T, U]`` block over the batch's distinct targets. ``None`` (the default): every
+            its in-batch candidates (:meth:`in_batch_draws`), ``[T, K]`` gathered vectors
+            instead of the ``[T, U]`` block over the batch's distinct targets (on a CPU the
+            gathers cost more than the pooled block's products at the recipes' batches:
+            ``benchmarks/results/default_cost_limits.md``). ``None`` (the default): every
             other position's target.
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
