@@ -581,7 +581,7 @@ class SampledSoftmaxHead(ProposalHead):
             pos = self.candidate_logits(z, rows[:, None])[:, 0]
         if not self.rules.corrects_positive:
             return pos, columns, None
-        return pos, columns, self.positive_log_size(rows, negatives.positive_log_q, batch)
+        return pos, columns, self.log_size(rows, negatives.positive_log_q, batch)
 
     def in_batch_source(
         self, z: Tensor, target: Tensor, mask: Tensor | None, batch: BatchProposal
@@ -593,7 +593,7 @@ class SampledSoftmaxHead(ProposalHead):
         holds: :func:`.stratified.held_candidates`), or under ``max_in_batch_draws`` each row's
         own draws (:meth:`in_batch_draws`)."""
         if batch.per_row:
-            return self.in_batch_draws(z, target, mask)
+            return self.in_batch_draws(z, target, mask, batch)
         method = "distinct" if self.is_split else self.in_batch_candidates
         candidates = batch_candidates(target, mask, method, self.num_classes)
         ids = candidates.ids
@@ -602,14 +602,18 @@ class SampledSoftmaxHead(ProposalHead):
             ids = self.shard_map.local_or(candidates.ids)
         return InBatchNegatives(ids, candidates, self.sampler_log_q(z, ids))
 
-    def in_batch_draws(self, z: Tensor, target: Tensor, mask: Tensor | None) -> InBatchDraws:
+    def in_batch_draws(
+        self, z: Tensor, target: Tensor, mask: Tensor | None, batch: BatchProposal
+    ) -> InBatchDraws:
         """The targets of ``max_in_batch_draws`` other scored positions drawn for each row
         (:func:`~lightning_sampled.ops.in_batch.drawn_per_row`), the same on every rank of a
-        split table, where each rank keeps the classes it holds."""
+        split table, where each rank keeps the classes it holds; none kept where ``batch``
+        counts no draw (a lone scored position, :meth:`batch_proposal`)."""
         generator = self.sampler.draw_generator(target.device, per_rank=False)
         limit = self.max_in_batch_draws
-        draws = drawn_per_row(target.numel(), limit, mask, generator, target.device)
-        ids, kept = target[draws.positions], draws.kept
+        positions = drawn_per_row(target.numel(), limit, mask, generator, target.device)
+        ids = target[positions]
+        kept = batch.num_draws > 0 if isinstance(batch.num_draws, Tensor) else None
         if self.is_split:
             local = self.shard_map.local_or(ids)
             held = local >= 0
@@ -680,13 +684,6 @@ class SampledSoftmaxHead(ProposalHead):
         global_ids = self.shard_map.global_ids(ids) if self.is_split else ids
         log_q_batch = batch.log_prob(global_ids)
         return log_mixture_size(log_q, m, log_q_batch, batch.num_draws)
-
-    def positive_log_size(
-        self, target: Tensor, log_q: Tensor | None, batch: BatchProposal | None
-    ) -> Tensor:
-        """:meth:`log_size` ``[T]`` of each row's own positive (``target`` ``[T]``, ``log_q``
-        ``[T]`` or ``None``)."""
-        return self.log_size(target, log_q, batch)
 
     @property
     def rules(self) -> Convention:

@@ -168,29 +168,17 @@ def _compacted(
     return BatchCandidates(ids, counts, column.where(candidates.column >= 0, -1))
 
 
-class RowDraws(NamedTuple):
-    """The in-batch draws under a limit ``K``: each row's own ``K`` positions of the batch.
-
-    Attributes:
-        positions: long ``[T, K]`` the drawn positions of each row (never the row itself where
-            another position is scored).
-        kept: ``None``, or a bool scalar tensor where a mask may leave fewer than two scored
-            positions: whether the draws count (a lone scored position has no other to draw).
-    """
-
-    positions: Tensor
-    kept: Tensor | None
-
-
 def drawn_per_row(
     num_positions: int,
     limit: int,
     mask: Tensor | None,
     generator: torch.Generator | None,
     device: torch.device,
-) -> RowDraws:
-    """``limit`` positions for each of ``num_positions`` rows, drawn uniformly with replacement
-    from the scored positions (bool ``mask`` ``[T]``; ``None``: all) other than the row's own,
+) -> Tensor:
+    """long ``[T, limit]``: ``limit`` positions for each of ``num_positions`` rows, drawn uniformly
+    with replacement from the scored positions (bool ``mask`` ``[T]``; ``None``: all) other than
+    the row's own (a lone scored position has none: its draws are meaningless, and
+    :meth:`~lightning_sampled.heads.SampledSoftmaxHead.batch_proposal` counts them 0),
     by uniform keys from ``generator`` (``None``: torch's default): independent across rows, so
     their noise averages over the batch as per-query draws' does. Fixed shapes, no host sync:
     the ``r``-th other scored position is found by a binary search in the scored positions'
@@ -200,14 +188,13 @@ def drawn_per_row(
     if mask is None:
         others = num_positions - 1
         r = (keys * others).long().clamp(max=others - 1)
-        return RowDraws(r + (r >= rows).long(), None)
+        return r + (r >= rows).long()
     running = mask.long().cumsum(0)  # scored positions up to and including each
     others = (running[-1] - mask.long())[:, None]  # [T, 1]: every scored one but the row
     r = (keys * others).long().clamp(max=(others - 1).clamp(min=0))
     own = torch.where(mask, running - 1, num_positions)[:, None]  # the row's rank, if scored
     r = r + (r >= own).long()
-    positions = torch.searchsorted(running, r + 1).clamp(max=num_positions - 1)
-    return RowDraws(positions, running[-1] >= 2)
+    return torch.searchsorted(running, r + 1).clamp(max=num_positions - 1)
 
 
 def in_batch_logits(

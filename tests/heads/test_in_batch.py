@@ -450,9 +450,9 @@ def recorded_draws(monkeypatch):
     seen = []
 
     def recording(*args, **kwargs):
-        draws = drawn_per_row(*args, **kwargs)
-        seen.append(draws.positions)
-        return draws
+        positions = drawn_per_row(*args, **kwargs)
+        seen.append(positions)
+        return positions
 
     monkeypatch.setattr("lightning_sampled.heads.sampled.drawn_per_row", recording)
     return seen
@@ -465,7 +465,7 @@ def test_each_row_draws_uniformly_from_the_other_scored_positions(masked):
     mask = torch.tensor([True, False, True, True, True, False, True, True]) if masked else None
     scored = mask if masked else torch.ones(8, dtype=torch.bool)
     g = torch.Generator().manual_seed(0)
-    positions = drawn_per_row(8, 6000, mask, g, torch.device("cpu")).positions
+    positions = drawn_per_row(8, 6000, mask, g, torch.device("cpu"))
     for t in range(8):
         counts = torch.bincount(positions[t], minlength=8).double()
         allowed = scored.clone()
@@ -481,9 +481,9 @@ def test_the_rows_draw_independently_not_one_shared_set():
     1,000 rows' single draws spread over the batch (about 632 distinct positions), and two rows
     agree about as often as chance says (1 / 999)."""
     g = torch.Generator().manual_seed(1)
-    positions = drawn_per_row(1000, 1, None, g, torch.device("cpu")).positions[:, 0]
+    positions = drawn_per_row(1000, 1, None, g, torch.device("cpu"))[:, 0]
     assert 580 < positions.unique().numel() < 690
-    many = drawn_per_row(1000, 400, None, g, torch.device("cpu")).positions
+    many = drawn_per_row(1000, 400, None, g, torch.device("cpu"))
     agree = (many[0] == many[1]).float().mean()
     assert agree < 0.01, agree
 
