@@ -22,7 +22,9 @@ checkpointing either), against which the bounded blocks' recomputation is priced
 ``--limits K ...`` adds the default head with ``max_in_batch_draws=K`` (named ``default K``): each
 row's candidates are the targets of ``K`` other positions drawn for it, ``[T, K]`` gathered
 vectors instead of the ``[T, U]`` block; a limit at or above ``T`` changes nothing, so it is
-timed only below ``T``.
+timed only below ``T``. ``--groups g ...`` adds each limit with groups of ``g`` consecutive rows
+sharing their draws (``in_batch_group_size``, named ``default K g{g}``): one ``[g, D] x [D, K]``
+product per group instead of ``K`` gathered vectors per row.
 
 ``--columns`` adds the default head with the batch's targets scored as ``[T, U]`` columns beside
 the draws, a block of rows at a time (``default, columns``), as it scores them where it cannot
@@ -43,8 +45,8 @@ plain head's (``memory_vs_plain``). Issue 52's target is ``default <= 1.5 x plai
 The Markdown ends with the targets, "met" or "NOT met", computed from the run's own rows.
 
 Run: ``python -m benchmarks.default_cost [--shapes ptb gcide ml1m synthetic_1m] [--limits 256
-1024] [--whole-block] [--columns] [--memory] [--repeats 7] [--threads 1] [--device cpu|cuda]
-[--background TEXT]``;
+1024] [--groups 32 128] [--whole-block] [--columns] [--memory] [--repeats 7] [--threads 1]
+[--device cpu|cuda] [--background TEXT]``;
 results in ``benchmarks/results/default_cost.{csv,md}``.
 """
 
@@ -101,9 +103,11 @@ TIME_TARGET = 1.3
 MEMORY_TARGET = 1.5
 
 
-def make_head(shape: Shape, in_batch: bool | str, limit: int | None = None) -> SampledSoftmaxHead:
-    """The recipe's sampled head with uniform draws (at most ``limit`` in-batch ones), its
-    table seeded alike for every head."""
+def make_head(
+    shape: Shape, in_batch: bool | str, limit: int | None = None, group_size: int = 1
+) -> SampledSoftmaxHead:
+    """The recipe's sampled head with uniform draws (at most ``limit`` in-batch ones, shared by
+    groups of ``group_size`` rows), its table seeded alike for every head."""
     torch.manual_seed(0)
     return SampledSoftmaxHead(
         shape.classes,
@@ -112,15 +116,22 @@ def make_head(shape: Shape, in_batch: bool | str, limit: int | None = None) -> S
         in_batch_negatives=in_batch,
         sparse_grad=shape.sparse,
         max_in_batch_draws=limit,
+        in_batch_group_size=group_size,
     )
 
 
-def heads_of(shape: Shape, limits: list[int]) -> dict[str, SampledSoftmaxHead]:
-    """The default and the plain head, and the default under each limit below ``T``."""
+def heads_of(
+    shape: Shape, limits: list[int], groups: list[int] = ()
+) -> dict[str, SampledSoftmaxHead]:
+    """The default and the plain head, and the default under each limit below ``T``, alone and
+    with each group size below ``T``."""
     heads = {name: make_head(shape, in_batch) for name, in_batch in HEADS.items()}
     for limit in limits:
         if limit < shape.positions:
             heads[f"default {limit}"] = make_head(shape, "auto", limit)
+            for group in groups:
+                if 1 < group < shape.positions:
+                    heads[f"default {limit} g{group}"] = make_head(shape, "auto", limit, group)
     return heads
 
 
@@ -156,8 +167,10 @@ def step_peak_mb(shape: Shape, head: str, device: str) -> float:
     (:func:`benchmarks.common.peak_extra_bytes`)."""
     target, z, _ = batch_of(shape, torch.device(device))
     name, _, rest = head.partition(", ")
-    limit = int(name.split()[1]) if " " in name else None
-    made = make_head(shape, HEADS[name.split()[0]], limit).to(device)
+    kind, *bounds = name.split()  # "default", "default 256" or "default 256 g32"
+    limit = int(bounds[0]) if bounds else None
+    group = int(bounds[1].removeprefix("g")) if len(bounds) > 1 else 1
+    made = make_head(shape, HEADS[kind], limit, group).to(device)
     step = head_step(made, z, target)
     if rest:
         step = VARIANTS[rest](step)
@@ -214,7 +227,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
         target, z, distinct = batch_of(shape, device)
         fns = {
             name: head_step(head.to(device), z, target)
-            for name, head in heads_of(shape, args.limits).items()
+            for name, head in heads_of(shape, args.limits, args.groups).items()
         }
         for variant, wanted in (("one block", args.whole_block), ("columns", args.columns)):
             if wanted:
@@ -256,6 +269,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--limits", nargs="*", type=int, default=[256, 1024], help="max_in_batch_draws to time"
     )
     parser.add_argument(
+        "--groups", nargs="*", type=int, default=[], help="in_batch_group_size of each limit"
+    )
+    parser.add_argument(
         "--whole-block",
         action="store_true",
         help="also time the default scoring every row in one block (no MAX_BLOCK_ELEMENTS)",
@@ -270,8 +286,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_timing_arguments(parser, repeats=7, name="default_cost")
     args = parser.parse_args(argv)
-    if min(args.repeats, args.threads, *args.limits) < 1:
-        parser.error("--repeats, --threads and --limits must be >= 1")
+    if min(args.repeats, args.threads, *args.limits, *args.groups) < 1:
+        parser.error("--repeats, --threads, --limits and --groups must be >= 1")
     return args
 
 
@@ -306,7 +322,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         'configuration (`in_batch_negatives="auto"`: the batch\'s other targets join the draws) '
         "against the plain head (`in_batch_negatives=False`), at the recipes' batch shapes, Zipf "
         "targets; `default K`: the default with `max_in_batch_draws=K` (where K < T: each row the "
-        "targets of K other positions drawn for it); `default, "
+        "targets of K other positions drawn for it; `default K gG`: groups of G rows share their K "
+        "draws); `default, "
         "one block`: the default with no bound on a block of scored rows; `default, columns`: "
         "the default scoring the batch's targets as `[T, U]` columns, not pooled into one (as "
         "with a proposal that depends on the query); `products`: the three "
@@ -321,6 +338,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         + ". Command: `python -m benchmarks.default_cost --shapes "
         f"{' '.join(args.shapes)} --limits {' '.join(map(str, args.limits))}"
+        f"{' --groups ' + ' '.join(map(str, args.groups)) if args.groups else ''}"
         f"{' --whole-block' if args.whole_block else ''}{' --columns' if args.columns else ''}"
         f"{' --memory' if args.memory else ''} "
         f"--repeats {args.repeats} --threads {args.threads} --device {args.device}`."

@@ -9,8 +9,9 @@ batch and table with fresh draws. Reported, relative to ``|g|``: the **bias** ``
 
 The heads (:data:`HEADS`): the plain sampled softmax (``M`` uniform draws per query), the default
 configuration (the batch's other targets beside the draws, ``corrected_all``), the bounded
-default (``max_in_batch_draws=K``, ``--limits``), and ``M`` / ``M + K`` uniform draws shared by
-the batch. ``q_b``, the in-batch proposal, is fixed to the targets' population law
+default (``max_in_batch_draws=K``, ``--limits``; with ``--groups g ...`` also with groups of
+``g`` rows sharing their draws, ``in_batch_group_size``), and ``M`` / ``M + K`` uniform draws
+shared by the batch. ``q_b``, the in-batch proposal, is fixed to the targets' population law
 (``target_counts``), as the streaming estimate converges to it.
 
 Two kinds of batch (``--batches``):
@@ -29,7 +30,7 @@ targets high, where a likely target is what tells the conventions apart. ``T``, 
 default to MovieLens-1M SASRec's recipe batch (25,600 positions, 3,706 items, 100 draws).
 
 Run: ``python -m benchmarks.estimator_gradient [--positions 25600] [--classes 3706] [--dim 32]
-[--negatives 100] [--limits 256 1024] [--repeats 20] [--batches iid sessions]
+[--negatives 100] [--limits 256 1024] [--groups 1 32] [--repeats 20] [--batches iid sessions]
 [--session-length 200] [--clusters 50] [--stickiness 0.8] [--threads 1]``; results in
 ``benchmarks/results/estimator_gradient.{csv,md}``.
 """
@@ -53,19 +54,28 @@ from .common import (
     run_and_write,
 )
 
-#: the sampled heads by name: ``(options, extra draws from the limit)``; ``{K}`` heads take each
-#: ``--limits`` value
-HEADS: dict[str, Callable[[int, int], dict]] = {
-    "plain": lambda m, k: dict(num_negatives=m, in_batch_negatives=False),
-    "default": lambda m, k: dict(num_negatives=m, in_batch_negatives=True),
-    "default K={k}": lambda m, k: dict(
-        num_negatives=m, in_batch_negatives=True, max_in_batch_draws=k
+#: the sampled heads by name: their options from ``(M, K, g)``; ``{k}`` heads take each
+#: ``--limits`` value, ``{g}`` heads each ``--groups`` value
+HEADS: dict[str, Callable[[int, int, int], dict]] = {
+    "plain": lambda m, k, g: dict(num_negatives=m, in_batch_negatives=False),
+    "default": lambda m, k, g: dict(num_negatives=m, in_batch_negatives=True),
+    "default K={k}{g}": lambda m, k, g: dict(
+        num_negatives=m, in_batch_negatives=True, max_in_batch_draws=k, in_batch_group_size=g
     ),
-    "shared M": lambda m, k: dict(num_negatives=m, in_batch_negatives=False, shared_negatives=True),
-    "shared M+K={k}": lambda m, k: dict(
+    "shared M": lambda m, k, g: dict(
+        num_negatives=m, in_batch_negatives=False, shared_negatives=True
+    ),
+    "shared M+K={k}": lambda m, k, g: dict(
         num_negatives=m + k, in_batch_negatives=False, shared_negatives=True
     ),
 }
+
+
+def variants(name: str, args: argparse.Namespace) -> list[tuple[int, int]]:
+    """The ``(K, g)`` that head ``name`` of :data:`HEADS` is measured at."""
+    limits = args.limits if "{k}" in name else [0]
+    groups = args.groups if "{g}" in name else [1]
+    return [(k, g) for k in limits for g in groups]
 
 
 def population(num_classes: int, generator: torch.Generator) -> Tensor:
@@ -150,8 +160,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
         exact = gradient(full, z, target)
         distinct = int(target.unique().numel())
         for name, options_of in HEADS.items():
-            for k in args.limits if "{k}" in name else [0]:
-                options = options_of(args.negatives, k)
+            for k, g in variants(name, args):
+                options = options_of(args.negatives, k, g)
                 if options.get("in_batch_negatives"):
                     options["target_counts"] = counts
                 head = SampledSoftmaxHead(n, d, **options)
@@ -159,7 +169,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                     head.weight.copy_(table)
                 head.sampler.draw_stream = DrawStream(args.seed)
                 grads = torch.stack([gradient(head, z, target) for _ in range(args.repeats)])
-                label = name.format(k=k)
+                label = name.format(k=k, g=f" g={g}" if g > 1 else "")
                 stats = spread_of(grads, exact)
                 log(f"{kind} {label}: " + ", ".join(f"{s} {v:.4f}" for s, v in stats.items()))
                 rows.append(
@@ -171,6 +181,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                         "head": label,
                         "draws": options["num_negatives"],
                         "in_batch_limit": k or "",
+                        "group_size": g,
                         **stats,
                     }
                 )
@@ -184,6 +195,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--negatives", type=int, default=100)
     parser.add_argument("--limits", nargs="*", type=int, default=[256, 1024])
+    parser.add_argument(
+        "--groups", nargs="+", type=int, default=[1], help="in_batch_group_size of the limits"
+    )
     parser.add_argument("--repeats", type=int, default=20, help="gradients per head (R)")
     parser.add_argument("--batches", nargs="+", default=["iid", "sessions"])
     parser.add_argument("--session-length", type=int, default=200)
@@ -196,8 +210,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if set(args.batches) - {"iid", "sessions"}:
         parser.error("--batches takes iid and sessions")
-    if min(args.repeats, args.positions, args.classes, args.negatives) < 1:
-        parser.error("--repeats, --positions, --classes and --negatives must be >= 1")
+    if min(args.repeats, args.positions, args.classes, args.negatives, *args.groups) < 1:
+        parser.error("--repeats, --positions, --classes, --negatives and --groups must be >= 1")
     if args.positions % args.session_length:
         parser.error("--positions must be a multiple of --session-length")
     return args
@@ -212,7 +226,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "cosine to the exact gradient. Queries 2 v_y + 0.5 noise; q_b fixed to the targets' "
         "population law. Command: `python -m benchmarks.estimator_gradient --positions "
         f"{args.positions} --classes {args.classes} --dim {args.dim} --negatives "
-        f"{args.negatives} --limits {' '.join(map(str, args.limits))} --repeats {args.repeats} "
+        f"{args.negatives} --limits {' '.join(map(str, args.limits))} --groups "
+        f"{' '.join(map(str, args.groups))} --repeats {args.repeats} "
         f"--batches {' '.join(args.batches)} --session-length {args.session_length} "
         f"--clusters {args.clusters} --stickiness {args.stickiness}`."
     )

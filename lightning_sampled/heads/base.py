@@ -30,6 +30,7 @@ from ..ops.chunked import (
     class_chunks,
     compute_dtype,
     gathered_logits,
+    grouped_logits,
     in_compute_dtype,
     resolve_chunk_size,
     scored_rows,
@@ -569,13 +570,15 @@ class OutputHead(nn.Module):
         tensors = [*self.candidate_encoder.parameters(), *self.candidate_encoder.buffers()]
         return tensors[0].device if tensors else torch.device("cpu")
 
-    def candidate_logits(self, z: Tensor, ids: Tensor) -> Tensor:
+    def candidate_logits(self, z: Tensor, ids: Tensor, group_size: int = 1) -> Tensor:
         """fp32 logits ``z . v_c + b_c`` of candidate classes, gathered through
         :meth:`class_rows`; the products run in :func:`compute_dtype` of ``z`` (class docstring).
 
         Args:
             z: ``[T, D]`` queries from :meth:`score_queries` (as :meth:`_valid_rows` returns).
-            ids: long ``[M]`` (the same candidates for every query) or ``[T, M]`` (per query).
+            ids: long ``[M]`` (the same candidates for every query), ``[T, M]`` (per query) or,
+                with ``group_size`` ``g`` > 1, ``[ceil(T / g), M]``: those of each group of
+                ``g`` consecutive queries (:func:`~lightning_sampled.ops.chunked.grouped_logits`).
 
         Returns:
             ``[T, M]`` fp32 logits.
@@ -585,15 +588,18 @@ class OutputHead(nn.Module):
         ``MAX_BLOCK_ELEMENTS`` gathered entries), each block under activation checkpointing when
         gradients are on, so that the ``[T, M, D]`` vectors (418 MB at a language model's 4,088
         positions, 100 draws and D = 256) and their gradient are never held whole: the block is
-        gathered again in backward (:meth:`in_blocks`). Under ``torch.compile`` the gather is one
-        block.
+        gathered again in backward (:meth:`in_blocks`); a group's candidates are gathered once
+        for its rows. Under ``torch.compile`` the gather is one block.
         """
         if ids.dim() == 1 or torch.compiler.is_compiling():
-            return self._gathered_logits(z, ids)
-        step = chunked.positions_per_gather(ids.shape[1], z.shape[-1])
-        if ids.shape[0] <= step:
-            return self._gathered_logits(z, ids)
-        blocks = [(z[rows], ids[rows]) for rows in chunked.row_blocks(ids.shape[0], step)]
+            return self._gathered_logits(z, ids, group_size)
+        step = chunked.positions_per_gather(-(-ids.shape[1] // group_size), z.shape[-1])
+        if z.shape[0] <= step:
+            return self._gathered_logits(z, ids, group_size)
+        blocks = [
+            (z[rows], ids[rows.start // group_size : -(-rows.stop // group_size)], group_size)
+            for rows in chunked.row_blocks(z.shape[0], step, align=group_size)
+        ]
         return self.in_blocks(self._gathered_logits, blocks)
 
     def in_blocks(self, fn: Callable[..., Tensor], blocks: Iterable[tuple]) -> Tensor:
@@ -619,9 +625,13 @@ class OutputHead(nn.Module):
         with self.gathering_into(sink):
             return fn(*args)
 
-    def _gathered_logits(self, z: Tensor, ids: Tensor) -> Tensor:
+    def _gathered_logits(self, z: Tensor, ids: Tensor, group_size: int = 1) -> Tensor:
         """:meth:`candidate_logits` of one gather."""
-        return gathered_logits(z, *self.class_rows(ids))
+        if group_size == 1:
+            return gathered_logits(z, *self.class_rows(ids))
+        rows, bias = self.class_rows(ids.reshape(-1))
+        rows = rows.view(*ids.shape, rows.shape[-1])
+        return grouped_logits(z, rows, None if bias is None else bias.view(ids.shape), group_size)
 
     def target_and_candidate_logits(
         self, z: Tensor, target: Tensor, ids: Tensor

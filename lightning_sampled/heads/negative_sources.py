@@ -10,7 +10,8 @@ split across ranks alike:
 - :class:`InBatchNegatives`: the batch's distinct targets ``[U]`` weighted by how many other
   positions hold each (:mod:`lightning_sampled.ops.in_batch`);
 - :class:`InBatchDraws`: under ``max_in_batch_draws=K``, the targets of ``K`` other positions
-  drawn for each row ``[T, K]`` (:func:`~lightning_sampled.ops.in_batch.drawn_per_row`);
+  drawn for each group of ``in_batch_group_size`` rows ``[G, K]``
+  (:func:`~lightning_sampled.ops.in_batch.drawn_per_group`);
 - :class:`PooledNegatives`: candidates that every row shares reduced, before the rows are
   scored, to one column, the log-sum-exp of their corrected columns (the batch's targets without
   a limit: :func:`~lightning_sampled.ops.in_batch.in_batch_logsumexp`).
@@ -118,26 +119,32 @@ class InBatchNegatives(NamedTuple):
 
 
 class InBatchDraws(NamedTuple):
-    """The targets of ``K`` other positions drawn for each row (``max_in_batch_draws``), each a
-    column of its own, corrected like a sampled draw by the mixture's ``log(M q_s + K q_b)``.
+    """The targets of ``K`` other positions drawn for each group of ``group_size`` consecutive
+    rows (``max_in_batch_draws``, ``in_batch_group_size``), each a column of its own, corrected
+    like a sampled draw by the mixture's ``log(M q_s + K q_b)``. The rows of a group share their
+    draws, so they are scored by one ``[g, D] x [D, K]`` product per group instead of ``K``
+    gathered vectors per row.
 
     Attributes:
-        ids: long ``[T, K]`` rows of the head's table (over a split table, any row where
-            another rank holds the class: ``kept`` leaves it out).
-        log_q: ``[T, K]`` their ``log q`` under the sampler, ``None`` where the head draws none.
-        kept: bool, broadcasting to ``[T, K]``, the draws that count (a lone scored position
-            has none; over a split table, those of the classes this rank holds), or ``None``:
-            all.
+        ids: long ``[G, K]`` rows of the head's table, those of each group (over a split
+            table, any row where another rank holds the class: ``kept`` leaves it out).
+        log_q: ``[T, K]`` their ``log q`` under the sampler for each row's query, ``None``
+            where the head draws none.
+        kept: bool, broadcasting to ``[G, K]``, the draws that count (none where no group has
+            a scored position outside it; over a split table, those of the classes this rank
+            holds), or ``None``: all.
+        group_size: ``g``, the rows that share a group's draws (1: every row its own).
     """
 
     ids: Tensor
     log_q: Tensor | None
     kept: Tensor | None
+    group_size: int = 1
 
     @property
     def gathered_per_row(self) -> int:
-        """Class vectors gathered for each row: its ``K`` draws."""
-        return self.ids.shape[1]
+        """Class vectors gathered for each row: its group's ``K`` draws, shared by ``g`` rows."""
+        return -(-self.ids.shape[1] // self.group_size)
 
     @property
     def num_columns(self) -> int:
@@ -145,18 +152,32 @@ class InBatchDraws(NamedTuple):
         return self.ids.shape[1]
 
     def rows(self, block: slice) -> InBatchDraws:
-        """The draws of the rows ``block``."""
+        """The draws of the rows ``block``, which starts at a group's first row."""
+        start, stop = block.start // self.group_size, -(-block.stop // self.group_size)
         log_q = None if self.log_q is None else self.log_q[block]
-        kept = self.kept if self.kept is None or self.kept.dim() < 2 else self.kept[block]
-        return InBatchDraws(self.ids[block], log_q, kept)
+        kept = self.kept
+        if kept is not None and kept.dim() == 2:
+            kept = kept[start:stop]
+        return self._replace(ids=self.ids[start:stop], log_q=log_q, kept=kept)
+
+    def per_row(self, groups: Tensor, num_rows: int) -> Tensor:
+        """A ``[G, K]`` tensor of the groups (``ids``, ``kept``) as ``[num_rows, K]``, a row
+        of it for each row of the groups."""
+        if self.group_size == 1:
+            return groups
+        return groups.repeat_interleave(self.group_size, dim=0)[:num_rows]
 
     def columns(
         self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor
     ) -> Tensor:
         """Corrected columns ``[T, K]``: a draw of a row's own target is an accidental hit, as
         a sampled one is; the draws not kept are no candidates (``-inf``)."""
-        columns = convention.negatives(logits, self.ids, log_size, hits)
-        return columns if self.kept is None else columns.masked_fill(~self.kept, -math.inf)
+        ids = self.per_row(self.ids, logits.shape[0])
+        columns = convention.negatives(logits, ids, log_size, hits)
+        if self.kept is None:
+            return columns
+        kept = self.per_row(self.kept, logits.shape[0]) if self.kept.dim() == 2 else self.kept
+        return columns.masked_fill(~kept, -math.inf)
 
 
 class PooledNegatives(NamedTuple):

@@ -88,7 +88,8 @@ from ..ops.conventions import CONVENTIONS, Convention, convention_named
 from ..ops.in_batch import (
     CANDIDATE_METHODS,
     batch_candidates,
-    drawn_per_row,
+    drawn_per_group,
+    groups_scored,
     in_batch_logsumexp,
     log_mixture_size,
 )
@@ -114,8 +115,9 @@ class BatchProposal(NamedTuple):
     batch's targets (long ``[T]``), which floor ``q_b`` (:meth:`TargetFrequency.log_prob`), but
     those ``mask`` (bool ``[T]``, or ``None``) leaves out. ``counted``: the batch was just
     counted into a moving estimate, so the floor cannot change it. ``per_row``: each row draws
-    its own ``num_draws`` positions (:func:`~lightning_sampled.ops.in_batch.drawn_per_row`)
-    instead of taking every other scored one."""
+    ``num_draws`` positions, shared by its group of ``in_batch_group_size`` rows
+    (:func:`~lightning_sampled.ops.in_batch.drawn_per_group`), instead of taking every other
+    scored one."""
 
     frequency: TargetFrequency
     num_draws: int | Tensor
@@ -163,6 +165,12 @@ class BatchNegatives(NamedTuple):
     def gathered_per_row(self) -> int:
         """Class vectors gathered for each row: its positive and its own draws."""
         return 1 + sum(source.gathered_per_row for source in self.sources)
+
+    @property
+    def group_size(self) -> int:
+        """The rows that share their in-batch draws (:class:`~.negative_sources.InBatchDraws`),
+        which a block of rows keeps whole: 1 without them."""
+        return next((s.group_size for s in self.sources if isinstance(s, InBatchDraws)), 1)
 
 
 class SampledSoftmaxHead(ProposalHead):
@@ -221,6 +229,12 @@ class SampledSoftmaxHead(ProposalHead):
             gathers cost more than the pooled block's products at the recipes' batches:
             ``benchmarks/results/default_cost_limits.md``). ``None`` (the default): every
             other position's target.
+        in_batch_group_size: under ``max_in_batch_draws``, each group of this many
+            consecutive rows shares its ``K`` draws (from the scored positions outside the
+            group), scored by one ``[g, D] x [D, K]`` product per group instead of ``K``
+            gathered vectors per row; the draws' noise then averages over the batch's
+            ``T / g`` groups instead of its ``T`` rows. 1 (the default): every row its own.
+            Where the batch has no more than ``g`` positions, every other position's target.
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
@@ -245,6 +259,7 @@ class SampledSoftmaxHead(ProposalHead):
         frequency_decay: float = 0.01,
         in_batch_candidates: str = "auto",
         max_in_batch_draws: int | None = None,
+        in_batch_group_size: int = 1,
         **options: Any,
     ) -> None:
         super().__init__(num_classes, dim, sampler, **options)
@@ -281,6 +296,10 @@ class SampledSoftmaxHead(ProposalHead):
                 raise ValueError("target_counts is only used with in_batch_negatives=True")
         #: ``K``, the most in-batch draws per query (``None``: no limit)
         self.max_in_batch_draws = self._checked_limit(max_in_batch_draws)
+        #: ``g``, the consecutive rows that share their in-batch draws under the limit
+        self.in_batch_group_size = check_positive_int("in_batch_group_size", in_batch_group_size)
+        if in_batch_group_size > 1 and max_in_batch_draws is None:
+            raise ValueError("in_batch_group_size groups the draws of max_in_batch_draws: set it")
         self.shared_negatives = bool(shared_negatives)
         convention_named(convention)
         #: the convention's name; :attr:`rules` is what it corrects and masks
@@ -571,13 +590,17 @@ class SampledSoftmaxHead(ProposalHead):
             if isinstance(source, PooledNegatives):
                 columns.append(source.logsumexp[:, None])
                 continue
-            if pos is None:
-                pos, logits = self.target_and_candidate_logits(z, rows, source.ids)
+            ids = source.ids
+            if isinstance(source, InBatchDraws) and source.group_size > 1:
+                logits = self.candidate_logits(z, ids, source.group_size)
+                ids = source.per_row(ids, z.shape[0])
+            elif pos is None:
+                pos, logits = self.target_and_candidate_logits(z, rows, ids)
             else:
-                logits = self.candidate_logits(z, source.ids)
-            log_size = self.log_size(source.ids, source.log_q, batch)
+                logits = self.candidate_logits(z, ids)
+            log_size = self.log_size(ids, source.log_q, batch)
             columns.append(source.columns(logits, log_size, self.rules, hits))
-        if pos is None:  # every source pooled
+        if pos is None:  # every source pooled or grouped
             pos = self.candidate_logits(z, rows[:, None])[:, 0]
         if not self.rules.corrects_positive:
             return pos, columns, None
@@ -605,20 +628,22 @@ class SampledSoftmaxHead(ProposalHead):
     def in_batch_draws(
         self, z: Tensor, target: Tensor, mask: Tensor | None, batch: BatchProposal
     ) -> InBatchDraws:
-        """The targets of ``max_in_batch_draws`` other scored positions drawn for each row
-        (:func:`~lightning_sampled.ops.in_batch.drawn_per_row`), the same on every rank of a
+        """The targets of ``max_in_batch_draws`` scored positions drawn for each group of
+        ``in_batch_group_size`` rows from outside it
+        (:func:`~lightning_sampled.ops.in_batch.drawn_per_group`), the same on every rank of a
         split table, where each rank keeps the classes it holds; none kept where ``batch``
-        counts no draw (a lone scored position, :meth:`batch_proposal`)."""
+        counts no draw (:meth:`batch_proposal`)."""
         generator = self.sampler.draw_generator(target.device, per_rank=False)
-        limit = self.max_in_batch_draws
-        positions = drawn_per_row(target.numel(), limit, mask, generator, target.device)
+        limit, group_size, device = self.max_in_batch_draws, self.in_batch_group_size, target.device
+        positions = drawn_per_group(target.numel(), limit, group_size, mask, generator, device)
         ids = target[positions]
         kept = batch.num_draws > 0 if isinstance(batch.num_draws, Tensor) else None
         if self.is_split:
             local = self.shard_map.local_or(ids)
             held = local >= 0
             ids, kept = local.clamp(min=0), held if kept is None else held & kept
-        return InBatchDraws(ids, self.sampler_log_q(z, ids), kept)
+        draws = InBatchDraws(ids, None, kept, group_size)
+        return draws._replace(log_q=self.sampler_log_q(z, draws.per_row(ids, z.shape[0])))
 
     def sampler_log_q(self, z: Tensor, ids: Tensor) -> Tensor | None:
         """``log q`` of candidates ``ids`` (``[U]`` or ``[T, U]``) under the sampler for queries
@@ -663,10 +688,12 @@ class SampledSoftmaxHead(ProposalHead):
             counts = torch.bincount(target, weights=weights, minlength=self.num_classes)
             frequency = TargetFrequency(self.num_classes, counts=counts)
         counted = self.training and not frequency.fixed
-        limit = self.max_in_batch_draws
-        if limit is not None and target.numel() > limit:
-            # K draws for each row; none where a mask leaves one position scored (static shapes)
-            draws = limit if mask is None else (scored >= 2).long() * limit
+        limit, group_size = self.max_in_batch_draws, self.in_batch_group_size
+        if limit is not None and target.numel() > max(limit, group_size):
+            # K draws for each row; none where a mask leaves the scored positions in one group
+            # (static shapes), which then has none outside it
+            enough = None if mask is None else groups_scored(mask, group_size) >= 2
+            draws = limit if enough is None else enough.long() * limit
             return BatchProposal(frequency, draws, target, mask, counted, per_row=True)
         # no draw at all where no position is scored (static shapes: every one left out)
         draws = scored - 1 if mask is None else (scored - 1).clamp(min=0)
@@ -734,7 +761,7 @@ class SampledSoftmaxHead(ProposalHead):
                     None if mask is None else mask[block],
                     negatives.rows(block),
                 )
-                for block in chunked.row_blocks(queries.shape[0], step)
+                for block in chunked.row_blocks(queries.shape[0], step, negatives.group_size)
             )
             return self.in_blocks(self._block_losses, blocks)
 
@@ -789,6 +816,7 @@ class SampledSoftmaxHead(ProposalHead):
             )
             + (
                 f"max_in_batch_draws={self.max_in_batch_draws}, "
+                f"in_batch_group_size={self.in_batch_group_size}, "
                 if self.max_in_batch_draws is not None
                 else ""
             )

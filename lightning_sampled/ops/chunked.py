@@ -57,14 +57,20 @@ def positions_per_block(num_columns: int, gathered_per_row: int, dim: int) -> in
     return max(1, MAX_BLOCK_ELEMENTS // max(per_row, 1))
 
 
-def row_blocks(num_rows: int, step: int) -> list[slice]:
-    """Slices of at most ``step`` rows covering ``[0, num_rows)``, the short one first: a head
-    that scores blocks under activation checkpointing runs the last block without it (its saved
+def row_blocks(num_rows: int, step: int, align: int = 1) -> list[slice]:
+    """Slices of at most ``step`` rows covering ``[0, num_rows)``, the short one first, each
+    starting at a multiple of ``align`` (``step`` rounded down to one, at least ``align``: the
+    groups of rows that share candidates, :func:`grouped_logits`, stay whole): a head that
+    scores blocks under activation checkpointing runs the last block without it (its saved
     tensors are the one block that checkpointing holds anyway), so the last is a whole block."""
-    short = num_rows % step
-    starts = [0, *range(short, num_rows, step)] if short else list(range(0, num_rows, step))
-    ends = [*starts[1:], num_rows]
-    return [slice(start, end) for start, end in zip(starts, ends, strict=True)]
+    units, per_block = -(-num_rows // align), max(1, step // align)
+    short = units % per_block
+    starts = [0, *range(short, units, per_block)] if short else list(range(0, units, per_block))
+    ends = [*starts[1:], units]
+    return [
+        slice(start * align, min(end * align, num_rows))
+        for start, end in zip(starts, ends, strict=True)
+    ]
 
 
 def compute_dtype(z: Tensor) -> torch.dtype:
@@ -116,6 +122,20 @@ def gathered_logits(z: Tensor, rows: Tensor, bias: Tensor | None) -> Tensor:
     else:
         logits = torch.bmm(rows, z[:, :, None]).squeeze(-1).float()
     return logits if bias is None else logits + bias.float()
+
+
+def grouped_logits(z: Tensor, rows: Tensor, bias: Tensor | None, group_size: int) -> Tensor:
+    """fp32 logits ``[T, K]`` of queries ``z`` ``[T, D]`` against the ``K`` class vectors of
+    their group, each ``group_size`` consecutive queries one group (the last one the rest):
+    ``rows`` ``[G, K, D]`` (``G = ceil(T / group_size)``), ``bias`` ``[G, K]`` or ``None``. One
+    ``[g, D] x [D, K]`` product per group, in :func:`compute_dtype` of ``z``."""
+    num_rows, (num_groups, num_candidates, dim) = z.shape[0], rows.shape
+    z, rows = in_compute_dtype(z, rows)
+    padded = F.pad(z, (0, 0, 0, num_groups * group_size - num_rows))  # the last group's rest
+    logits = torch.bmm(padded.view(num_groups, group_size, dim), rows.transpose(1, 2)).float()
+    if bias is not None:
+        logits = logits + bias.float()[:, None, :]
+    return logits.reshape(num_groups * group_size, num_candidates)[:num_rows]
 
 
 def chunk_logits(

@@ -33,11 +33,14 @@ the three ``[T, U, D]`` products and one more that recomputes each chunk in back
 
 A limit ``K`` on the in-batch draws (``max_in_batch_draws``) bounds the work at ``[T, K]``: each
 row draws its own ``K`` of the other scored positions, uniformly with replacement
-(:func:`drawn_per_row`), and their targets are its candidates, each a column of its own
+(:func:`drawn_per_group`), and their targets are its candidates, each a column of its own
 corrected by ``log(M q_s + K q_b)`` like a sampled draw. Rows draw independently, so the noise
 of the draws averages over the batch as per-query negatives' does: ``K`` positions shared by
 every row instead (this module's first bounded form) carry the noise of shared negatives, which
-cost the MovieLens-1M recommenders of issue 31's grid half their NDCG@10.
+cost the MovieLens-1M recommenders of issue 31's grid half their NDCG@10. Between the two,
+groups of ``g`` consecutive rows (``in_batch_group_size``) share ``K`` positions drawn from
+outside the group: one ``[g, D] x [D, K]`` product per group instead of ``K`` gathered vectors
+per row, and the noise averages over ``T / g`` groups.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._random import rand
@@ -168,33 +172,48 @@ def _compacted(
     return BatchCandidates(ids, counts, column.where(candidates.column >= 0, -1))
 
 
-def drawn_per_row(
+def drawn_per_group(
     num_positions: int,
     limit: int,
+    group_size: int,
     mask: Tensor | None,
     generator: torch.Generator | None,
     device: torch.device,
 ) -> Tensor:
-    """long ``[T, limit]``: ``limit`` positions for each of ``num_positions`` rows, drawn uniformly
-    with replacement from the scored positions (bool ``mask`` ``[T]``; ``None``: all) other than
-    the row's own (a lone scored position has none: its draws are meaningless, and
-    :meth:`~lightning_sampled.heads.SampledSoftmaxHead.batch_proposal` counts them 0),
-    by uniform keys from ``generator`` (``None``: torch's default): independent across rows, so
-    their noise averages over the batch as per-query draws' does. Fixed shapes, no host sync:
-    the ``r``-th other scored position is found by a binary search in the scored positions'
-    running count."""
-    keys = rand((num_positions, limit), device, generator, torch.float64)
-    rows = torch.arange(num_positions, device=device)[:, None]
+    """long ``[G, limit]``: ``limit`` positions for each group of ``group_size`` consecutive rows
+    (``G = ceil(num_positions / group_size)``, the last group the rest), drawn uniformly with
+    replacement from the scored positions (bool ``mask`` ``[T]``; ``None``: all) outside the
+    group (with ``group_size=1``, every scored position but the row's own), by uniform keys
+    from ``generator`` (``None``: torch's default): independent across groups, so their noise
+    averages over the batch's ``G`` groups as per-query draws' does over its rows. A group with
+    no scored position outside it draws meaningless positions:
+    :meth:`~lightning_sampled.heads.SampledSoftmaxHead.batch_proposal` counts its draws 0.
+    Fixed shapes, no host sync: the ``r``-th scored position outside a group is found by a
+    binary search in the scored positions' running count."""
+    num_groups = -(-num_positions // group_size)
+    keys = rand((num_groups, limit), device, generator, torch.float64)
+    starts = torch.arange(num_groups, device=device) * group_size
+    ends = (starts + group_size).clamp(max=num_positions)
     if mask is None:
-        others = num_positions - 1
-        r = (keys * others).long().clamp(max=others - 1)
-        return r + (r >= rows).long()
-    running = mask.long().cumsum(0)  # scored positions up to and including each
-    others = (running[-1] - mask.long())[:, None]  # [T, 1]: every scored one but the row
+        before, inside, scored = starts, ends - starts, num_positions
+    else:
+        running = torch.cat([mask.new_zeros(1, dtype=torch.long), mask.long().cumsum(0)])
+        before, scored = running[starts], running[-1]  # scored positions before each group
+        inside = running[ends] - before
+    others = (scored - inside)[:, None]  # [G, 1]: the scored positions outside each group
     r = (keys * others).long().clamp(max=(others - 1).clamp(min=0))
-    own = torch.where(mask, running - 1, num_positions)[:, None]  # the row's rank, if scored
-    r = r + (r >= own).long()
-    return torch.searchsorted(running, r + 1).clamp(max=num_positions - 1)
+    r = r + (r >= before[:, None]).long() * inside[:, None]  # skip the group's own
+    if mask is not None:
+        r = torch.searchsorted(running[1:], r + 1)  # the r-th scored position
+    return r.clamp(max=num_positions - 1)
+
+
+def groups_scored(mask: Tensor, group_size: int) -> Tensor:
+    """long scalar: how many groups of ``group_size`` consecutive positions (the last one the
+    rest) hold a scored position (bool ``mask`` ``[T]``): :func:`drawn_per_group` has
+    positions to draw for every scored row where there are at least two."""
+    padded = F.pad(mask.long(), (0, -mask.numel() % group_size))
+    return padded.view(-1, group_size).amax(1).sum()
 
 
 def in_batch_logits(

@@ -56,6 +56,7 @@ def test_memory_is_a_steps_peak_beyond_what_was_held_and_is_asked_of_each_head(
     in this one here), and its ratio to the plain head's; a step's peak is positive."""
     shape = default_cost.Shape("tiny", 300, 2_000, 16, 5, False)
     assert default_cost.step_peak_mb(shape, "default 8", "cpu") >= 0.0
+    assert default_cost.step_peak_mb(shape, "default 8 g4", "cpu") >= 0.0
     monkeypatch.setattr(default_cost, "SHAPES", {"dense": shape})
     asked = []
 
@@ -85,6 +86,9 @@ def test_the_heads_are_the_default_and_the_plain_configuration():
     assert list(limited) == ["default", "plain", "default 3"]
     assert limited["default 3"].max_in_batch_draws == 3
     assert limited["default"].max_in_batch_draws is None
+    grouped = default_cost.heads_of(shape, [3], [1, 2, 6])  # a group of T rows: no draws
+    assert list(grouped) == ["default", "plain", "default 3", "default 3 g2"]
+    assert grouped["default 3 g2"].in_batch_group_size == 2
 
 
 def test_the_whole_block_variant_lifts_the_block_bound_for_its_step_only(tmp_path, monkeypatch):

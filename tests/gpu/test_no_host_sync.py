@@ -84,6 +84,10 @@ HEADS = {
     "mixed_limited": lambda **kw: SampledSoftmaxHead(
         N, D, num_negatives=M, max_in_batch_draws=512, **kw
     ),
+    # groups of 64 rows share their 512 draws: one product per group
+    "mixed_grouped": lambda **kw: SampledSoftmaxHead(
+        N, D, num_negatives=M, max_in_batch_draws=512, in_batch_group_size=64, **kw
+    ),
     "cane": lambda **kw: CaneHead(N, D, 20, 80, **kw),  # beam search from the root, 10-ary
     "cane_frequency": lambda **kw: CaneHead(
         N, D, 19, 1, tree="frequency", class_counts=1.0 / torch.arange(1, N + 1), **kw

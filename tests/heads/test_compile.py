@@ -96,6 +96,19 @@ HEADS = {
         (13, 14),
         True,
     ),
+    # groups of 4 rows share their 6 draws, scored by one product per group
+    "in_batch_grouped": (
+        lambda: SampledSoftmaxHead(
+            N,
+            D,
+            num_negatives=0,
+            target_counts=torch.arange(1.0, N + 1),
+            max_in_batch_draws=6,
+            in_batch_group_size=4,
+        ),
+        (13, 14),
+        True,
+    ),
     # q_b streamed (TargetFrequency.update in the graph): counted, so compared with eager apart
     "mixed_streaming": (
         lambda: SampledSoftmaxHead(N, D, num_negatives=7, in_batch_negatives=True),
@@ -106,7 +119,8 @@ HEADS = {
     "midx": (midx_head, (), True),
 }
 BREAK_FREE = [
-    "full", "full_smoothed", "uniform", "uniform_shared", "in_batch", "mixed", "in_batch_limited"
+    "full", "full_smoothed", "uniform", "uniform_shared", "in_batch", "mixed", "in_batch_limited",
+    "in_batch_grouped",
 ]  # fmt: skip
 
 

@@ -128,6 +128,7 @@ HEADS: dict[str, Head] = {
     "sampled_shared": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, shared_negatives=True, **o), proposals=QUERY_INDEPENDENT),  # noqa: E501
     "sampled_in_batch": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, in_batch_negatives=True, target_counts=target_counts(n), **o)),  # noqa: E501
     "sampled_limited": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, target_counts=target_counts(n), max_in_batch_draws=4, **o)),  # noqa: E501
+    "sampled_grouped": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 3, target_counts=target_counts(n), max_in_batch_draws=4, in_batch_group_size=3, **o)),  # noqa: E501
     "sampled_in_batch_only": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 0, in_batch_negatives=True, target_counts=target_counts(n), **o)),  # noqa: E501
     "sampled_midx_learn": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, in_batch_negatives=False, **o), "midx_rq_learnable", refuses=("label_smoothing", "normalize"), breaks="MIDX's is_built and chunked draw read the host"),  # noqa: E501
     "sampled_midx": Head(lambda n, d, s, **o: SampledSoftmaxHead(n, d, s, 6, **o), "midx_rq_fast", breaks="MIDX's is_built and chunked draw read the host"),  # noqa: E501

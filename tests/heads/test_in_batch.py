@@ -12,7 +12,8 @@ from lightning_sampled.ops.in_batch import (
     FIXED_SHAPE_POSITIONS,
     batch_candidates,
     distinct_candidates,
-    drawn_per_row,
+    drawn_per_group,
+    groups_scored,
     in_batch_logits,
     log_mixture_size,
     sorted_candidates,
@@ -446,34 +447,38 @@ def test_a_split_default_head_refuses_given_negatives_naming_the_split_table():
 
 
 def recorded_draws(monkeypatch):
-    """Records the positions ``[T, K]`` of every :func:`drawn_per_row` of the head."""
+    """Records each row's drawn positions ``[T, K]`` for every :func:`drawn_per_group` of the
+    head (its group's, one row per row)."""
     seen = []
 
-    def recording(*args, **kwargs):
-        positions = drawn_per_row(*args, **kwargs)
-        seen.append(positions)
+    def recording(num_positions, limit, group_size, *args, **kwargs):
+        positions = drawn_per_group(num_positions, limit, group_size, *args, **kwargs)
+        seen.append(positions.repeat_interleave(group_size, 0)[:num_positions])
         return positions
 
-    monkeypatch.setattr("lightning_sampled.heads.sampled.drawn_per_row", recording)
+    monkeypatch.setattr("lightning_sampled.heads.sampled.drawn_per_group", recording)
     return seen
 
 
+@pytest.mark.parametrize("group_size", [1, 3])
 @pytest.mark.parametrize("masked", [False, True])
-def test_each_row_draws_uniformly_from_the_other_scored_positions(masked):
-    """Never the row itself nor a left-out position; each other scored one with probability
-    1 / (its count) per draw (chi-square over 6,000 draws per row, seeded)."""
+def test_each_group_draws_uniformly_from_the_scored_positions_outside_it(masked, group_size):
+    """Never a position of the group (with groups of 1, the row itself) nor a left-out one;
+    each scored one outside with probability 1 / (their count) per draw (chi-square over 6,000
+    draws per group, seeded); groups of 3 over 8 positions: the last holds 2."""
     mask = torch.tensor([True, False, True, True, True, False, True, True]) if masked else None
     scored = mask if masked else torch.ones(8, dtype=torch.bool)
     g = torch.Generator().manual_seed(0)
-    positions = drawn_per_row(8, 6000, mask, g, torch.device("cpu"))
-    for t in range(8):
-        counts = torch.bincount(positions[t], minlength=8).double()
+    positions = drawn_per_group(8, 6000, group_size, mask, g, torch.device("cpu"))
+    assert positions.shape == (-(-8 // group_size), 6000)
+    for j, drawn in enumerate(positions):
+        counts = torch.bincount(drawn, minlength=8).double()
         allowed = scored.clone()
-        allowed[t] = allowed[t] & ~scored[t]  # a scored row never draws itself
-        assert counts[~allowed].sum() == 0, (t, counts)
+        allowed[j * group_size : (j + 1) * group_size] = False
+        assert counts[~allowed].sum() == 0, (j, counts)
         expected = 6000 / int(allowed.sum())
         chi2 = float(((counts[allowed] - expected) ** 2 / expected).sum())
-        assert chi2 < 20.5, (t, counts)  # p = 0.001 at 5 degrees of freedom
+        assert chi2 < 20.5, (j, counts)  # p = 0.001 at 5 degrees of freedom or fewer
 
 
 def test_the_rows_draw_independently_not_one_shared_set():
@@ -481,36 +486,49 @@ def test_the_rows_draw_independently_not_one_shared_set():
     1,000 rows' single draws spread over the batch (about 632 distinct positions), and two rows
     agree about as often as chance says (1 / 999)."""
     g = torch.Generator().manual_seed(1)
-    positions = drawn_per_row(1000, 1, None, g, torch.device("cpu"))[:, 0]
+    positions = drawn_per_group(1000, 1, 1, None, g, torch.device("cpu"))[:, 0]
     assert 580 < positions.unique().numel() < 690
-    many = drawn_per_row(1000, 400, None, g, torch.device("cpu"))
+    many = drawn_per_group(1000, 400, 1, None, g, torch.device("cpu"))
     agree = (many[0] == many[1]).float().mean()
     assert agree < 0.01, agree
 
 
-def test_a_lone_scored_position_draws_nothing_from_the_batch():
-    """With one scored position there is no other to draw: its loss is that of the sampled
-    draws alone, corrected by ``log(M q_s)``, whatever the limit."""
+def test_groups_scored_counts_the_groups_holding_a_scored_position():
+    mask = torch.tensor([False, False, True, False, False, False, False, True])
+    assert [int(groups_scored(mask, g)) for g in (1, 3, 4, 8)] == [2, 2, 2, 1]
+    assert int(groups_scored(torch.zeros(5, dtype=torch.bool), 2)) == 0
+
+
+@pytest.mark.parametrize(("scored", "group_size"), [([2], 1), ([2], 3), ([0, 2], 3), ([1, 2], 4)])
+def test_scored_positions_in_one_group_draw_nothing_from_the_batch(scored, group_size):
+    """With no scored position outside a row's group (a lone scored position; all of them in
+    one group) there is none to draw: the loss is that of the sampled draws alone, corrected by
+    ``log(M q_s)``, whatever the limit."""
     torch.manual_seed(0)
     z, y = torch.randn(6, 4), torch.tensor([3, 1, 4, 1, 5, 9])
-    mask = torch.tensor([False, False, True, False, False, False])
+    mask = torch.zeros(6, dtype=torch.bool)
+    mask[scored] = True
     probs = torch.softmax(torch.randn(12), 0)
     weight = torch.nn.Parameter(torch.randn(12, 4))
     losses = []
-    for options in ({"max_in_batch_draws": 2}, {"in_batch_negatives": False}):
+    limited = {"max_in_batch_draws": 2, "in_batch_group_size": group_size}
+    for options in (limited, {"in_batch_negatives": False}):
         stream = Stream(probs, torch.tensor([0, 4, 7]))  # the same draws for both heads
         head = SampledSoftmaxHead(12, 4, stream, 3, weight=weight, **options)
         given = mask if options.get("max_in_batch_draws") else None
-        losses.append(head.sampled_losses(z, y, given)[2])
+        losses.append(head.sampled_losses(z, y, given)[mask])
     torch.testing.assert_close(losses[0], losses[1])
-    assert torch.isfinite(losses[0])
+    assert torch.isfinite(losses[0]).all()
 
 
+@pytest.mark.parametrize("group_size", [1, 4])
 @pytest.mark.parametrize("convention", ["exact_positive", "corrected_all"])
 @pytest.mark.parametrize("num_negatives", [0, 4])
 def test_a_limited_mixed_loss_equals_the_brute_force_on_each_rows_draws(
-    monkeypatch, convention, num_negatives
+    monkeypatch, convention, num_negatives, group_size
 ):
+    """Each row's loss is the brute-force estimator over its draws (its group's, with groups
+    of 4 over 9 rows: the last group one row), with and without the head's own bias."""
     seen = recorded_draws(monkeypatch)
     torch.manual_seed(1)
     counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
@@ -519,6 +537,7 @@ def test_a_limited_mixed_loss_equals_the_brute_force_on_each_rows_draws(
     head = SampledSoftmaxHead(
         6, 3, Stream(probs, stream), num_negatives, in_batch_negatives=True, bias=True,
         target_counts=counts, convention=convention, max_in_batch_draws=4,
+        in_batch_group_size=group_size,
     )  # fmt: skip
     torch.nn.init.normal_(head.bias)
     z = torch.randn(9, 3)
@@ -543,12 +562,14 @@ def test_a_limit_at_or_above_the_scored_positions_changes_nothing(monkeypatch):
     seen = recorded_draws(monkeypatch)
     z, y = torch.randn(8, 4), torch.randint(12, (8,))
     losses = []
-    for limit in (None, 8, 100):
+    # a group of 8 rows or more holds the whole batch: nothing outside it to draw
+    for limit, group_size in ((None, 1), (8, 1), (100, 1), (2, 8)):
         torch.manual_seed(2)
-        head = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, max_in_batch_draws=limit)
+        options = {"max_in_batch_draws": limit, "in_batch_group_size": group_size}
+        head = SampledSoftmaxHead(12, 4, UniformSampler(12), 3, **options)
         losses.append(head(z, y))
     assert seen == []
-    assert losses[0] == losses[1] == losses[2]
+    assert losses[0] == losses[1] == losses[2] == losses[3]
 
 
 def test_a_limited_estimator_is_consistent_for_likely_targets():
@@ -568,11 +589,19 @@ def test_the_limit_is_checked_and_reported():
     pure = SampledSoftmaxHead(10, 4, num_negatives=0, max_in_batch_draws=1)  # one draw suffices
     assert torch.isfinite(pure(torch.randn(5, 4), torch.randint(10, (5,))))
     assert "max_in_batch_draws=1," in repr(SampledSoftmaxHead(10, 4, max_in_batch_draws=1))
+    with pytest.raises(ValueError, match="in_batch_group_size"):
+        SampledSoftmaxHead(10, 4, max_in_batch_draws=8, in_batch_group_size=0)
+    with pytest.raises(ValueError, match="groups the draws of max_in_batch_draws"):
+        SampledSoftmaxHead(10, 4, in_batch_group_size=4)
+    grouped = SampledSoftmaxHead(10, 4, max_in_batch_draws=2, in_batch_group_size=4)
+    assert "in_batch_group_size=4," in repr(grouped)
     assert "max_in_batch_draws" not in repr(SampledSoftmaxHead(10, 4))
 
 
-@pytest.mark.parametrize("limit", [3, 7])
-def test_a_limited_static_shape_batch_draws_only_its_scored_positions(monkeypatch, limit):
+@pytest.mark.parametrize(("limit", "group_size"), [(3, 1), (7, 1), (3, 3)])
+def test_a_limited_static_shape_batch_draws_only_its_scored_positions(
+    monkeypatch, limit, group_size
+):
     """Left-out positions (static shapes) are never drawn; the scored ones' losses are the
     brute force over each row's draws among the scored positions."""
     seen = recorded_draws(monkeypatch)
@@ -580,7 +609,7 @@ def test_a_limited_static_shape_batch_draws_only_its_scored_positions(monkeypatc
     counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
     head = SampledSoftmaxHead(
         6, 3, num_negatives=0, in_batch_negatives=True, target_counts=counts,
-        convention="corrected_all", max_in_batch_draws=limit,
+        convention="corrected_all", max_in_batch_draws=limit, in_batch_group_size=group_size,
     )  # fmt: skip
     z = torch.randn(8, 3)
     y = torch.tensor([0, 2, 0, 4, 3, 0, 2, 5])

@@ -41,6 +41,10 @@ HEADS = {
     "shared": lambda: SampledSoftmaxHead(N, D, num_negatives=M, shared_negatives=True),
     "in_batch_only": lambda: SampledSoftmaxHead(N, D, num_negatives=0, in_batch_negatives=True),
     "limited": lambda: SampledSoftmaxHead(N, D, num_negatives=M, max_in_batch_draws=7),
+    # groups of 5 rows share 7 draws: a block keeps its groups whole
+    "grouped": lambda: SampledSoftmaxHead(
+        N, D, num_negatives=M, max_in_batch_draws=7, in_batch_group_size=5
+    ),
     "normalized": lambda: SampledSoftmaxHead(N, D, num_negatives=M, normalize=True),
     "sparse": lambda: SampledSoftmaxHead(N, D, num_negatives=M, sparse_grad=True),
     "tower": lambda: SampledSoftmaxHead(N, D, num_negatives=M, candidate_encoder=tower()),
@@ -121,6 +125,31 @@ def test_row_blocks_put_the_short_block_first():
     assert chunked.row_blocks(10, 4) == [slice(0, 2), slice(2, 6), slice(6, 10)]
     assert chunked.row_blocks(8, 4) == [slice(0, 4), slice(4, 8)]
     assert chunked.row_blocks(3, 4) == [slice(0, 3)]
+
+
+def test_aligned_row_blocks_keep_each_group_of_rows_whole():
+    # groups of 3 over 10 rows (the last one row), at most 7 rows a block: 2 groups a block
+    assert chunked.row_blocks(10, 7, align=3) == [slice(0, 6), slice(6, 10)]
+    assert chunked.row_blocks(13, 7, align=3) == [slice(0, 3), slice(3, 9), slice(9, 13)]
+    # a step below the group still keeps the group whole
+    assert chunked.row_blocks(10, 2, align=4) == [slice(0, 4), slice(4, 8), slice(8, 10)]
+
+
+@pytest.mark.parametrize("num_rows", [12, 10])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_grouped_logits_score_each_row_against_its_groups_candidates(num_rows, with_bias):
+    """Against a plain reference: row ``t`` against the candidates of group ``t // g``; 10 rows
+    in groups of 4 leave the last group two rows."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(num_rows, D, generator=g, dtype=torch.float64)
+    rows = torch.randn(3, 5, D, generator=g, dtype=torch.float64)
+    bias = torch.randn(3, 5, generator=g, dtype=torch.float64) if with_bias else None
+    got = chunked.grouped_logits(z, rows, bias, 4)
+    want = torch.stack([rows[t // 4] @ z[t] for t in range(num_rows)])
+    if with_bias:
+        want = want + torch.stack([bias[t // 4] for t in range(num_rows)])
+    assert got.shape == (num_rows, 5)
+    torch.testing.assert_close(got, want.float())
 
 
 def test_every_row_is_scored_once_in_blocks(monkeypatch):

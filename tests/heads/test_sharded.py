@@ -86,6 +86,10 @@ IN_BATCH_CASES = {
     ),
     # 5 of the 8 scored positions drawn, alike on every rank (the sampler's stream, not per rank)
     "limited_corrected_all": dict(max_in_batch_draws=5, convention="corrected_all", bias=True),
+    # groups of 3 rows sharing their 5 draws (the last group of the 8 positions short)
+    "grouped_corrected_all": dict(
+        max_in_batch_draws=5, in_batch_group_size=3, convention="corrected_all", bias=True
+    ),
 }
 
 
