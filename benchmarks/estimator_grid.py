@@ -116,21 +116,33 @@ CELLS = (
     ("uniform", True),
     ("unigram", True),
 )
+#: the bounded forms of the default the grid trains: ``(K, g)``, ``K`` in-batch draws for each
+#: group of ``g`` consecutive rows (``max_in_batch_draws``, ``in_batch_group_size``)
+BOUNDED = ((256, 1), (1024, 1), (256, 32))
+
+
+def bounded_name(limit: int, group_size: int) -> str:
+    """The configuration name of a bounded form: ``corrected_all+rows{K}``, with ``g{g}``
+    where groups of ``g`` rows share their draws."""
+    return f"corrected_all+rows{limit}" + (f"g{group_size}" if group_size > 1 else "")
+
+
 #: the head configurations a sampled cell can train (``--conventions``): a convention, or
 #: ``corrected_all`` with the batch's other targets as further negatives (mixed negatives,
 #: ``in_batch_negatives=True``), the library's default configuration since issue 31, and that
-#: with ``K`` in-batch draws for each row (``max_in_batch_draws``)
+#: bounded (:data:`BOUNDED`)
 CONFIGURATIONS = {
     "exact_positive": {"convention": "exact_positive", "in_batch_negatives": False},
     "corrected_all": {"convention": "corrected_all", "in_batch_negatives": False},
     "corrected_all+batch": {"convention": "corrected_all", "in_batch_negatives": True},
     **{
-        f"corrected_all+rows{k}": {
+        bounded_name(k, g): {
             "convention": "corrected_all",
             "in_batch_negatives": True,
             "max_in_batch_draws": k,
+            "in_batch_group_size": g,
         }
-        for k in (256, 1024)
+        for k, g in BOUNDED
     },
     # issue 51: the in-batch variant of exact_positive, in-batch negatives alone (no draws) and
     # a control with about the default's candidates per position (shared draws, run with

@@ -171,6 +171,9 @@ def test_issue_51_configurations_reach_the_head_with_their_own_draw_counts():
     limited = Run("ptb", "uniform", 0, False, "corrected_all+rows256")
     assert candidates_per_position(limited, 381.6) == candidates_per_position(limited, 90) == 276
     assert method_of(limited).head(1000, 8).max_in_batch_draws == 256
+    grouped = method_of(Run("sasrec", "uniform", 0, False, "corrected_all+rows256g32"))
+    assert grouped.head(1000, 8).in_batch_group_size == 32
+    assert method_of(limited).head(1000, 8).in_batch_group_size == 1
 
 
 def test_the_new_options_default_to_the_grid_s_behaviour():
