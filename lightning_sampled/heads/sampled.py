@@ -23,8 +23,12 @@ over the batch; ``K`` positions shared by every row, the first form of this limi
 noise of shared negatives and lost the MovieLens-1M recommenders of issue 31's grid half their
 NDCG@10: by brute force at MovieLens-1M's batch its gradient's spread from step to step was 0.12
 of the gradient's norm, against 0.009 per row and 0.0065 for the plain head's per-query draws
-(``benchmarks/results/estimator_gradient.md``, README's section on the default's price).
-``in_batch_negatives=False`` is the plain sampled softmax.
+(``benchmarks/results/estimator_gradient.md``, README's section on the default's price). Drawn per
+row, the ``[T, K, D]`` gathered vectors cost more than the products they feed;
+``in_batch_group_size=g`` lets each group of ``g`` consecutive rows share ``K`` positions drawn
+from outside the group, one ``[g, D] x [D, K]`` product per group: by the same brute force
+``g = 32`` keeps the spread at 0.010-0.013 (0.014-0.024 at ``g = 200``, a whole MovieLens
+sequence). ``in_batch_negatives=False`` is the plain sampled softmax.
 
 The estimator conventions (:mod:`lightning_sampled.ops.conventions`) differ in what they
 correct and mask:
@@ -227,14 +231,17 @@ class SampledSoftmaxHead(ProposalHead):
             its in-batch candidates (:meth:`in_batch_draws`), ``[T, K]`` gathered vectors
             instead of the ``[T, U]`` block over the batch's distinct targets (on a CPU the
             gathers cost more than the pooled block's products at the recipes' batches:
-            ``benchmarks/results/default_cost_limits.md``). ``None`` (the default): every
-            other position's target.
+            ``benchmarks/results/default_cost.md``). ``None`` (the default): every other
+            position's target.
         in_batch_group_size: under ``max_in_batch_draws``, each group of this many
             consecutive rows shares its ``K`` draws (from the scored positions outside the
             group), scored by one ``[g, D] x [D, K]`` product per group instead of ``K``
             gathered vectors per row; the draws' noise then averages over the batch's
-            ``T / g`` groups instead of its ``T`` rows. 1 (the default): every row its own.
-            Where the batch has no more than ``g`` positions, every other position's target.
+            ``T / g`` groups instead of its ``T`` rows (at ``K = 256`` and ``g = 32``, 1.8x the
+            plain head's step at MovieLens-1M's batch and 3.2x at a 1M-item recommender's, below
+            the unbounded default's 2.3x and 5.8x: ``benchmarks/results/default_cost.md``). 1
+            (the default): every row its own. Where the batch has no more than ``g`` positions,
+            every other position's target.
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
             ``padding_idx``, ``ignore_index``, ``chunk_size``, ``temperature``, ``normalize``,
             ``label_smoothing`` (0 only), ``sharded`` and ``process_group`` of
