@@ -131,14 +131,14 @@ for issue in "$@"; do
     52)
         if [ "$DRY" = 1 ]; then
             part default_cost 300 "$PY" -m benchmarks.default_cost --shapes ptb --limits 256 \
-                --memory --repeats 2 --device cpu --name "$RESULTS/default_cost_cuda"
+                --groups 32 --memory --repeats 2 --device cpu --name "$RESULTS/default_cost_cuda"
         else
             part test-gpu-pooled 200 env PY="$PY" GPU_TESTS="tests/heads/test_pooled_in_batch.py \
                 tests/gpu/test_no_host_sync.py" bash scripts/test_gpu.sh -v --timeout 90 \
                 -k "cuda or in_batch" --junitxml="$RESULTS/test_gpu_pooled.xml"
-            part default_cost 200 "$PY" -m benchmarks.default_cost --limits 256 1024 --memory \
-                --repeats 7 --device cuda --background "GPU check for issue 52" \
-                --name "$RESULTS/default_cost_cuda"
+            part default_cost 200 "$PY" -m benchmarks.default_cost --limits 256 1024 \
+                --groups 32 200 --memory --repeats 7 --device cuda \
+                --background "GPU check for issue 52" --name "$RESULTS/default_cost_cuda"
         fi
         ;;
     *) echo "unknown issue $issue (28, 29, 30, 31 or 52)" ;;

@@ -132,14 +132,23 @@ def test_sampled_softmax_forward_and_backward_make_no_host_sync(make, weighted, 
     assert head.weight.grad is not None and head.weight.grad.is_sparse == sparse_grad
 
 
+#: the in-batch configurations at a recommender's batch: the options beside ``in_batch_negatives``
+RECOMMENDER_CASES = {
+    "in_batch": {"num_negatives": 0},
+    "mixed": {"num_negatives": M},
+    "mixed_limited": {"num_negatives": M, "max_in_batch_draws": 256},
+    "mixed_grouped": {"num_negatives": M, "max_in_batch_draws": 256, "in_batch_group_size": 32},
+}
+
+
 @pytest.mark.parametrize("shape", [(25, 256), (100, 256)], ids=["6400", "25600"])
 @pytest.mark.parametrize("classes", [N, 3_706], ids=["50k_classes", "3706_classes"])
-@pytest.mark.parametrize("name", ["in_batch", "mixed"])
+@pytest.mark.parametrize("name", list(RECOMMENDER_CASES))
 def test_in_batch_negatives_make_no_host_sync_at_a_recommenders_batch(name, classes, shape):
     """Above 4,096 positions the batch's targets are still sorted in fixed shapes (no
     ``torch.unique``), in ``min(T, N)`` columns: MovieLens-1M's 3,706 items at 25,600
-    positions take 3,706."""
-    options = {"num_negatives": 0} if name == "in_batch" else {"num_negatives": M}
+    positions take 3,706; the bounded forms draw positions by random keys in fixed shapes."""
+    options = RECOMMENDER_CASES[name]
     head = SampledSoftmaxHead(
         classes, D, in_batch_negatives=True, ignore_index=IGNORE, **options
     ).cuda()
