@@ -128,8 +128,9 @@ class InBatchDraws(NamedTuple):
     Attributes:
         ids: long ``[G, K]`` rows of the head's table, those of each group (over a split
             table, any row where another rank holds the class: ``kept`` leaves it out).
-        log_q: ``[T, K]`` their ``log q`` under the sampler for each row's query, ``None``
-            where the head draws none.
+        log_q: their ``log q`` under the sampler, ``[G, K]`` where it ignores the query (one
+            per group), else ``[T, K]`` for each row's query; ``None`` where the head draws
+            none.
         kept: bool, broadcasting to ``[G, K]``, the draws that count (none where no group has
             a scored position outside it; over a split table, those of the classes this rank
             holds), or ``None``: all.
@@ -154,7 +155,10 @@ class InBatchDraws(NamedTuple):
     def rows(self, block: slice) -> InBatchDraws:
         """The draws of the rows ``block``, which starts at a group's first row."""
         start, stop = block.start // self.group_size, -(-block.stop // self.group_size)
-        log_q = None if self.log_q is None else self.log_q[block]
+        log_q = self.log_q
+        if log_q is not None:
+            per_group = log_q.shape[0] == self.ids.shape[0]
+            log_q = log_q[start:stop] if per_group else log_q[block]
         kept = self.kept
         if kept is not None and kept.dim() == 2:
             kept = kept[start:stop]

@@ -597,21 +597,32 @@ class SampledSoftmaxHead(ProposalHead):
             if isinstance(source, PooledNegatives):
                 columns.append(source.logsumexp[:, None])
                 continue
-            ids = source.ids
             if isinstance(source, InBatchDraws) and source.group_size > 1:
-                logits = self.candidate_logits(z, ids, source.group_size)
-                ids = source.per_row(ids, z.shape[0])
-            elif pos is None:
-                pos, logits = self.target_and_candidate_logits(z, rows, ids)
+                logits = self.candidate_logits(z, source.ids, source.group_size)
+                log_size = self.group_log_size(source, z.shape[0], batch)
             else:
-                logits = self.candidate_logits(z, ids)
-            log_size = self.log_size(ids, source.log_q, batch)
+                if pos is None:
+                    pos, logits = self.target_and_candidate_logits(z, rows, source.ids)
+                else:
+                    logits = self.candidate_logits(z, source.ids)
+                log_size = self.log_size(source.ids, source.log_q, batch)
             columns.append(source.columns(logits, log_size, self.rules, hits))
         if pos is None:  # every source pooled or grouped
             pos = self.candidate_logits(z, rows[:, None])[:, 0]
         if not self.rules.corrects_positive:
             return pos, columns, None
         return pos, columns, self.log_size(rows, negatives.positive_log_q, batch)
+
+    def group_log_size(
+        self, draws: InBatchDraws, num_rows: int, batch: BatchProposal | None
+    ) -> Tensor:
+        """``[num_rows, K]`` :meth:`log_size` of grouped in-batch draws, computed once per group
+        and repeated for its rows where their ``log q`` is the group's (a sampler that ignores
+        the query, or none): the in-batch estimate ``q_b`` of ``[G, K]`` ids instead of
+        ``[T, K]``."""
+        if draws.log_q is None or draws.log_q.shape[0] == draws.ids.shape[0]:
+            return draws.per_row(self.log_size(draws.ids, draws.log_q, batch), num_rows)
+        return self.log_size(draws.per_row(draws.ids, num_rows), draws.log_q, batch)
 
     def in_batch_source(
         self, z: Tensor, target: Tensor, mask: Tensor | None, batch: BatchProposal
@@ -650,6 +661,9 @@ class SampledSoftmaxHead(ProposalHead):
             held = local >= 0
             ids, kept = local.clamp(min=0), held if kept is None else held & kept
         draws = InBatchDraws(ids, None, kept, group_size)
+        if group_size > 1 and self.sampler.query_independent:  # one log q per group
+            log_q = self.sampler_log_q(z, ids.reshape(-1))
+            return draws._replace(log_q=None if log_q is None else log_q.view(ids.shape))
         return draws._replace(log_q=self.sampler_log_q(z, draws.per_row(ids, z.shape[0])))
 
     def sampler_log_q(self, z: Tensor, ids: Tensor) -> Tensor | None:

@@ -521,21 +521,30 @@ def test_scored_positions_in_one_group_draw_nothing_from_the_batch(scored, group
     assert torch.isfinite(losses[0]).all()
 
 
-@pytest.mark.parametrize("group_size", [1, 4])
+class PerQueryStream(Stream):
+    """:class:`Stream`'s proposal, which the head must score per query (as MIDX's)."""
+
+    query_independent = False
+
+
+@pytest.mark.parametrize(
+    ("group_size", "proposal"), [(1, Stream), (4, Stream), (4, PerQueryStream)]
+)
 @pytest.mark.parametrize("convention", ["exact_positive", "corrected_all"])
 @pytest.mark.parametrize("num_negatives", [0, 4])
 def test_a_limited_mixed_loss_equals_the_brute_force_on_each_rows_draws(
-    monkeypatch, convention, num_negatives, group_size
+    monkeypatch, convention, num_negatives, group_size, proposal
 ):
     """Each row's loss is the brute-force estimator over its draws (its group's, with groups
-    of 4 over 9 rows: the last group one row), with and without the head's own bias."""
+    of 4 over 9 rows: the last group one row), whether the draws' ``log q`` is taken once per
+    group (a proposal that ignores the query) or per row."""
     seen = recorded_draws(monkeypatch)
     torch.manual_seed(1)
     counts = torch.tensor([5.0, 1.0, 3.0, 0.5, 2.0, 1.0])
     probs = torch.softmax(torch.randn(6), 0)
     stream = torch.tensor([1, 3, 0, 5])
     head = SampledSoftmaxHead(
-        6, 3, Stream(probs, stream), num_negatives, in_batch_negatives=True, bias=True,
+        6, 3, proposal(probs, stream), num_negatives, in_batch_negatives=True, bias=True,
         target_counts=counts, convention=convention, max_in_batch_draws=4,
         in_batch_group_size=group_size,
     )  # fmt: skip

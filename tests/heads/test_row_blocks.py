@@ -15,7 +15,7 @@ from torch import nn
 from lightning_sampled.heads import OneVsEachHead, SampledSoftmaxHead
 from lightning_sampled.ops import chunked, row_gradients
 from lightning_sampled.ops.row_gradients import RowGradientSink
-from lightning_sampled.samplers import UnigramSampler
+from lightning_sampled.samplers import UniformSampler, UnigramSampler
 
 N, D, M = 60, 8, 6
 B, L = 4, 10  # T = 40 positions
@@ -41,15 +41,25 @@ HEADS = {
     "shared": lambda: SampledSoftmaxHead(N, D, num_negatives=M, shared_negatives=True),
     "in_batch_only": lambda: SampledSoftmaxHead(N, D, num_negatives=0, in_batch_negatives=True),
     "limited": lambda: SampledSoftmaxHead(N, D, num_negatives=M, max_in_batch_draws=7),
-    # groups of 5 rows share 7 draws: a block keeps its groups whole
+    # groups of 5 rows share 7 draws: a block keeps its groups whole, and their log q (one per
+    # group, or per row for a proposal scored per query)
     "grouped": lambda: SampledSoftmaxHead(
         N, D, num_negatives=M, max_in_batch_draws=7, in_batch_group_size=5
+    ),
+    "grouped_per_query": lambda: SampledSoftmaxHead(
+        N, D, PerQueryUniform(N), M, max_in_batch_draws=7, in_batch_group_size=5
     ),
     "normalized": lambda: SampledSoftmaxHead(N, D, num_negatives=M, normalize=True),
     "sparse": lambda: SampledSoftmaxHead(N, D, num_negatives=M, sparse_grad=True),
     "tower": lambda: SampledSoftmaxHead(N, D, num_negatives=M, candidate_encoder=tower()),
     "one_vs_each": lambda: OneVsEachHead(N, D, num_negatives=M),
 }
+
+
+class PerQueryUniform(UniformSampler):
+    """The uniform proposal, which the head must score per query (as MIDX's)."""
+
+    query_independent = False
 
 
 def batch():
