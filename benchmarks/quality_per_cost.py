@@ -74,7 +74,8 @@ from .recipe_time_to_quality import (
 )
 from .time_to_quality import recipe
 
-#: the configurations of issue 51 on GCIDE, in priority order: name -> the grid's run
+#: the configurations of issue 51 on GCIDE (and issue 52's bounded default), in priority order:
+#: name -> the grid's run
 RUNS: dict[str, Run] = {
     "default_uniform": Run("gcide", "uniform", 0, False, "corrected_all+batch"),
     "default_midx": Run("gcide", "midx_rq", 0, False, "corrected_all+batch"),
@@ -83,6 +84,7 @@ RUNS: dict[str, Run] = {
     "matched_shared": Run("gcide", "uniform", 0, True, "corrected_all@400"),
     "exact_positive_batch": Run("gcide", "uniform", 0, False, "exact_positive+batch"),
     "batch_only": Run("gcide", "uniform", 0, False, "batch_only"),
+    "grouped_uniform": Run("gcide", "uniform", 0, False, "corrected_all+rows256g32"),
     "cane_reference": Run("gcide", "cane", 0),
 }
 #: what each configuration is, in words
@@ -94,6 +96,7 @@ LABELS = {
     "matched_shared": "matched control: corrected_all, 400 shared uniform draws",
     "exact_positive_batch": "exact_positive + in-batch, uniform per query",
     "batch_only": "in-batch negatives alone (no draws)",
+    "grouped_uniform": "bounded default: 256 in-batch draws per 32 rows, uniform per query",
     "cane_reference": "CANE (4 beam-search candidates + 16 uniform noises per query)",
 }
 #: GCIDE's training steps in one epoch (the whole split as 32 rows of 35-token windows)
