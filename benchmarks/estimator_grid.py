@@ -737,6 +737,11 @@ def in_order(conventions: Iterable[str]) -> list[str]:
     return sorted(set(conventions), key=EVERY_CONFIGURATION.index)
 
 
+def run_label(task: str, cell: str, convention: str | None, seed: int) -> str:
+    """How the log names a run: ``"sasrec uniform, per query corrected_all seed 0"``."""
+    return f"{task} {cell} {convention or ''} seed {seed}".replace("  ", " ")
+
+
 def describe(s: dict[str, Any], ranked: bool) -> str:
     """``mean ± sd (n)``, with the ratio to the cell's best and a mark when not within."""
     text = f"{s['mean']:.4g} ± {s['sd']:.2g} ({s['seeds']})"
@@ -903,6 +908,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     plan = runs(args.tasks, args.conventions, args.seeds, args.references, cells)
     plan = [run for run in plan if run not in done]
     print(f"estimator_grid: {len(plan)} runs to do, {len(done)} done before", flush=True)
+    for run in plan:  # the references (--references) come first: say so before hours go there
+        print(f"  to do: {run_label(run.task, run.cell, run.convention, run.seed)}", flush=True)
     begin = time.perf_counter()
     pending: set[Future] = set()
     context = get_context("spawn")
@@ -929,9 +936,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "finished": time.strftime("%FT%TZ", time.gmtime()),
                 }
                 rows.append(row)
+                label = run_label(row["task"], row["cell"], row["convention"], row["seed"])
                 print(
-                    f"[{time.perf_counter() - begin:6.1f} s] {row['task']} {row['cell']} "
-                    f"{row['convention'] or ''} seed {row['seed']}: {row['status']} "
+                    f"[{time.perf_counter() - begin:6.1f} s] {label}: {row['status']} "
                     f"val {row.get('val', '')} test {row.get('test', '')} ({row['wall_s']} s)",
                     flush=True,
                 )

@@ -26,6 +26,7 @@ from benchmarks.estimator_grid import (
     parse_args,
     read_rows,
     report,
+    run_label,
     runs,
     summarize,
     write_rows,
@@ -209,3 +210,15 @@ def test_mark_log_appends_a_row_per_validation_mark(tmp_path):
     assert [float(r["candidates"]) for r in rows] == [23.0, 22.0]
     assert rows[0]["configuration"] == "corrected_all+batch" and rows[0]["commit"] == "abc"
     assert rows[0]["torch"] == "?" and list(rows[0]) == list(CURVE_COLUMNS)
+
+
+def test_the_log_names_each_run_as_planned():
+    """The plan is printed run by run before any trains (the references first, as
+    :func:`runs` orders them), in the words the finished line uses."""
+    plan = runs(["sasrec"], ["corrected_all"], [0], cells=(("uniform", False),))
+    labels = [run_label(r.task, r.cell, r.convention, r.seed) for r in plan]
+    assert labels == [
+        "sasrec full seed 0",
+        "sasrec cane seed 0",
+        "sasrec uniform, per query corrected_all seed 0",
+    ]
