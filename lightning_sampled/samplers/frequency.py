@@ -142,7 +142,9 @@ class TargetFrequency(nn.Module):
         Like the estimate, the floor tends to the class's true share as the counted targets grow,
         so the correction stays consistent.
 
-        No host sync on CUDA (the check below is then ``torch._assert_async``).
+        No host sync on CUDA (the check below is then ``torch._assert_async``). Where ``ids``
+        has more entries than there are classes, every class's ``log q_b`` is computed once and
+        gathered: the same values, for ``N`` fp64 decays instead of one per entry.
 
         ``after_update``: the caller has just counted a batch (:meth:`update`), so no check. A
         batch whose targets were all left out (a static-shape step with every position ignored)
@@ -161,7 +163,11 @@ class TargetFrequency(nn.Module):
                 RuntimeError,
             )
         check_class_ids("ids", ids, self.num_classes)
-        flat = ids.reshape(-1)
+        lookups = ids.reshape(-1)
+        # more lookups than classes (a recommender's [T, M] draws): each class's estimate once,
+        # then a gather, so the fp64 decay and log run over N entries instead of T M
+        per_class = lookups.numel() > self.num_classes
+        flat = torch.arange(self.num_classes, device=self.count.device) if per_class else lookups
         count = self.count.index_select(0, flat)
         if not self.fixed:
             stale = (self.step - self.last_step.index_select(0, flat)).double()
@@ -169,7 +175,8 @@ class TargetFrequency(nn.Module):
         log_q = count.log() - self.total.clamp(min=_TINY).log()  # -inf, not NaN, where 0
         if batch is not None:
             log_q = self._log_floor(flat, batch, batch_mask, log_q)
-        return log_q.float().view(ids.shape)
+        log_q = log_q.float()
+        return (log_q.index_select(0, lookups) if per_class else log_q).view(ids.shape)
 
     def _log_floor(
         self, ids: Tensor, batch: Tensor, batch_mask: Tensor | None, log_q: Tensor

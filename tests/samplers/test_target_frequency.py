@@ -45,6 +45,29 @@ def test_a_stationary_stream_recovers_the_target_distribution_even_for_a_likely_
     assert math.isclose(float(estimate.sum()), 1.0, rel_tol=0.02)
 
 
+@pytest.mark.parametrize("fixed", [False, True])
+def test_more_lookups_than_classes_read_each_class_estimate_unchanged(fixed):
+    # [T, M] draws of a recommender outnumber the classes: log_prob then computes each class once
+    # and gathers; every entry must equal what one lookup of its class alone reads, floor included
+    g = torch.Generator().manual_seed(1)
+    num_classes = 7
+    counts = torch.tensor([5.0, 0.0, 2.0, 0.0, 1.0, 9.0, 3.0]) if fixed else None
+    freq = TargetFrequency(num_classes, decay=0.2, counts=counts)
+    for _ in range(4):
+        freq.update(torch.randint(0, 5, (6,), generator=g))  # classes 5, 6 unseen or stale
+    ids = torch.randint(0, num_classes, (3, 5), generator=g)  # 15 lookups > 7 classes
+    batch, batch_mask = torch.tensor([6, 1, 3, 6]), torch.tensor([True, True, False, True])
+    for floor in ({}, {"batch": batch, "batch_mask": batch_mask}):
+        many = freq.log_prob(ids, **floor)
+        one_by_one = torch.stack([freq.log_prob(i.reshape(1), **floor)[0] for i in ids.reshape(-1)])
+        assert many.shape == ids.shape
+        torch.testing.assert_close(many.reshape(-1), one_by_one, rtol=0, atol=0)
+    # the floor reaches the classes of the batch it keeps, and only those
+    floored = freq.log_prob(torch.arange(num_classes).repeat(3), batch, batch_mask)[:num_classes]
+    assert torch.isfinite(floored[[1, 6]]).all()
+    assert floored[3] == freq.log_prob(torch.tensor([3]))[0]
+
+
 def test_given_counts_fix_the_proposal():
     counts = torch.tensor([3.0, 0.0, 1.0])
     freq = TargetFrequency(3, counts=counts)
