@@ -597,7 +597,7 @@ class OutputHead(nn.Module):
         if z.shape[0] <= step:
             return self._gathered_logits(z, ids, group_size)
         blocks = [
-            (z[rows], ids[rows.start // group_size : -(-rows.stop // group_size)], group_size)
+            (z[rows], ids[chunked.groups_of(rows, group_size)], group_size)
             for rows in chunked.row_blocks(z.shape[0], step, align=group_size)
         ]
         return self.in_blocks(self._gathered_logits, blocks)

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from ..ops.chunked import groups_of
 from ..ops.conventions import Convention
 from ..ops.in_batch import BatchCandidates, in_batch_logits
 
@@ -152,17 +153,22 @@ class InBatchDraws(NamedTuple):
         """Candidate columns of each row: ``K``."""
         return self.ids.shape[1]
 
+    @property
+    def log_q_per_group(self) -> bool:
+        """Whether ``log_q`` is one row per group (``[G, K]``, a sampler that ignores the query)
+        or absent, rather than one per row (``[T, K]``)."""
+        return self.log_q is None or self.log_q.shape[0] == self.ids.shape[0]
+
     def rows(self, block: slice) -> InBatchDraws:
         """The draws of the rows ``block``, which starts at a group's first row."""
-        start, stop = block.start // self.group_size, -(-block.stop // self.group_size)
+        groups = groups_of(block, self.group_size)
         log_q = self.log_q
         if log_q is not None:
-            per_group = log_q.shape[0] == self.ids.shape[0]
-            log_q = log_q[start:stop] if per_group else log_q[block]
+            log_q = log_q[groups] if self.log_q_per_group else log_q[block]
         kept = self.kept
         if kept is not None and kept.dim() == 2:
-            kept = kept[start:stop]
-        return self._replace(ids=self.ids[start:stop], log_q=log_q, kept=kept)
+            kept = kept[groups]
+        return self._replace(ids=self.ids[groups], log_q=log_q, kept=kept)
 
     def per_row(self, groups: Tensor, num_rows: int) -> Tensor:
         """A ``[G, K]`` tensor of the groups (``ids``, ``kept``) as ``[num_rows, K]``, a row

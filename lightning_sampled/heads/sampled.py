@@ -620,7 +620,7 @@ class SampledSoftmaxHead(ProposalHead):
         and repeated for its rows where their ``log q`` is the group's (a sampler that ignores
         the query, or none): the in-batch estimate ``q_b`` of ``[G, K]`` ids instead of
         ``[T, K]``."""
-        if draws.log_q is None or draws.log_q.shape[0] == draws.ids.shape[0]:
+        if draws.log_q_per_group:
             return draws.per_row(self.log_size(draws.ids, draws.log_q, batch), num_rows)
         return self.log_size(draws.per_row(draws.ids, num_rows), draws.log_q, batch)
 

@@ -73,6 +73,12 @@ def row_blocks(num_rows: int, step: int, align: int = 1) -> list[slice]:
     ]
 
 
+def groups_of(rows: slice, group_size: int) -> slice:
+    """The groups of ``group_size`` consecutive rows that the rows ``rows`` cover (a block of
+    :func:`row_blocks` aligned to the groups): ``[start / g, ceil(stop / g))``."""
+    return slice(rows.start // group_size, -(-rows.stop // group_size))
+
+
 def compute_dtype(z: Tensor) -> torch.dtype:
     """The matmul dtype: the autocast dtype when autocast is on for ``z``'s device; otherwise
     fp32 for fp16 / bf16 ``z`` (half-precision products outside autocast lose accuracy, and fp16
