@@ -1,4 +1,4 @@
-"""AdaptiveSoftmax against the paper's Section 5.1 (Figure 1), and wall clock against dense top-k.
+"""AdaptiveSoftmax against the paper's Section 5.1 (Figure 1): its sample complexity.
 
 Part 1, sample complexity: n = 100 arms, d at 20 log-spaced points in [1e3, 1e6], eps = 0.3,
 delta = 0.1, no constant tuning, a fresh instance per trial, on the two synthetic datasets at the
@@ -12,15 +12,15 @@ Per ``d`` it reports the mean gain ``n d / samples_used``, the success rate (exa
 probability within ``1 +- eps``) and compares the average over ``d`` with the paper's (3.953x for
 (a), 29.039x for (b)).
 
-Part 2, wall clock: time per query of ``AdaptiveSoftmax.topk`` against the dense
-``softmax(x @ A.T).topk(1)`` at batch 1 and 64, for ``(n, d) = (32000, 4096)`` (Mistral-7B's head
-shape) with random data, uncalibrated and calibrated on held-out random queries.
+The wall clock against the dense top-k, with the dense fall-back, is
+``benchmarks/adaptive_softmax_wallclock.py``. Here the fall-back is off (``fallback_gain=None``):
+the gains are those of the paper's algorithm alone.
 
 The trained PTB LSTM head part of the issue is ``benchmarks/adaptive_softmax_trained.py``.
 
 Run from the repository root::
 
-    .venv/bin/python -m benchmarks.adaptive_softmax            # full (about 20 minutes)
+    .venv/bin/python -m benchmarks.adaptive_softmax            # full (about 15 minutes)
     .venv/bin/python -m benchmarks.adaptive_softmax --quick    # smoke run (about a minute)
 """
 
@@ -40,7 +40,6 @@ from benchmarks.common import (
     add_threads_argument,
     log,
     make_parser,
-    median_time,
     pyplot,
     save_figure,
     set_threads,
@@ -81,7 +80,9 @@ def run_synthetic(
         for trial in range(trials):
             generator = torch.Generator().manual_seed(seed + 1_000_003 * trial + dim)
             weight, x = synthetic_instance(dataset, dim, generator)
-            module = AdaptiveSoftmax(weight, eps=EPS, delta=DELTA, seed=seed + trial)
+            module = AdaptiveSoftmax(
+                weight, eps=EPS, delta=DELTA, seed=seed + trial, fallback_gain=None
+            )
             result = module.topk(x.unsqueeze(0))
             exact = exact_topk_softmax(weight, x.unsqueeze(0), 1)
             _, success = adaptive_success(result.indices, result.probs, exact, EPS)
@@ -142,78 +143,6 @@ def plot_synthetic(rows: list[dict[str, Any]]) -> None:
     save_figure(fig, RESULTS_DIR / "adaptive_softmax_synthetic.png", dpi=120)
 
 
-def run_wallclock(
-    num_classes: int,
-    dim: int,
-    batches: Sequence[int],
-    repeats: int,
-    calibration_queries: int,
-    seed: int,
-) -> list[dict[str, Any]]:
-    """Seconds per query of AdaptiveSoftmax and of the dense softmax top-1, on random data.
-
-    ``A`` is iid ``N(0, 1/d)`` and ``x`` iid ``N(0, 1)``, so logits are ``N(0, 1)``-like.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(num_classes, dim, generator=generator) / math.sqrt(dim)
-    queries = torch.randn(max(batches), dim, generator=generator)
-    held_out = torch.randn(calibration_queries, dim, generator=generator)
-    started = time.perf_counter()
-    module = AdaptiveSoftmax(weight, eps=EPS, delta=DELTA, seed=seed)
-    setup = time.perf_counter() - started
-    log(f"wall clock: A^T copy and column norms took {setup:.2f} s (once per matrix)")
-    variants = [("uncalibrated", None)]
-    if calibration_queries:
-        variants.append(("calibrated", held_out))
-    rows = []
-    for variant, calibration in variants:
-        note = ""
-        if calibration is not None:
-            started = time.perf_counter()
-            found = module.calibrate(calibration, tolerance=0.1, batch_size=16)
-            note = (
-                f"bandit_scale={found.bandit_scale:.3g}, norm_scale={found.norm_scale:.3g}, "
-                f"calibration success {found.success_rate:.2f} on {calibration_queries} queries "
-                f"({time.perf_counter() - started:.0f} s)"
-            )
-            log(f"wall clock: calibrated: {note}")
-        for batch in batches:
-            x = queries[:batch]
-            dense_time, _ = median_time(
-                lambda x=x: torch.softmax(x @ weight.T, dim=-1).topk(1), repeats=repeats
-            )
-            # A big batch runs once, without warm-up: one call is already many seconds.
-            adaptive_repeats = repeats if batch == 1 else 1
-            results: list = []
-            adaptive_time, _ = median_time(
-                lambda x=x, results=results: results.append(module.topk(x)),
-                repeats=adaptive_repeats,
-                warmup=int(batch == 1),
-            )
-            result = results[-1]
-            exact = exact_topk_softmax(weight, x, 1)
-            _, success = adaptive_success(result.indices, result.probs, exact, EPS)
-            row = {
-                "variant": variant,
-                "n": num_classes,
-                "d": dim,
-                "batch": batch,
-                "dense_ms_per_query": 1e3 * dense_time / batch,
-                "adaptive_ms_per_query": 1e3 * adaptive_time / batch,
-                "slowdown": adaptive_time / dense_time,
-                "mean_gain": float((weight.numel() / result.samples_used.double()).mean()),
-                "success_rate": float(success.double().mean()),
-                "note": note,
-            }
-            rows.append(row)
-            log(
-                f"wall clock {variant} batch={batch}: dense {row['dense_ms_per_query']:.2f} "
-                f"ms/query, adaptive {row['adaptive_ms_per_query']:.1f} ms/query "
-                f"(x{row['slowdown']:.1f}), gain {row['mean_gain']:.2f}x"
-            )
-    return rows
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--trials", type=int, default=100, help="trials per d")
@@ -223,21 +152,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--large-dim", type=float, default=2e5)
     parser.add_argument("--points", type=int, default=20, help="number of d values")
     parser.add_argument("--max-dim", type=float, default=1e6)
-    parser.add_argument("--wall-repeats", type=int, default=5)
-    parser.add_argument("--calibration-queries", type=int, default=32)
-    parser.add_argument("--skip-wallclock", action="store_true")
     add_threads_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="5 trials, 8 d values up to 1e5, wall clock at batch 1 and 4 without calibration",
+        help="5 trials, 8 d values up to 1e5",
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.trials = args.large_trials = 5
         args.points, args.max_dim = 8, 1e5
-        args.calibration_queries, args.wall_repeats = 0, 2
     set_threads(args.threads)
     suffix = "_quick" if args.quick else ""
 
@@ -295,38 +220,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     if not args.quick:
         plot_synthetic(rows)
-    if args.skip_wallclock:
-        return
-    batches = [1, 4] if args.quick else [1, 64]
-    wall_rows = run_wallclock(
-        32000, 4096, batches, args.wall_repeats, args.calibration_queries, args.seed
-    )
-    write_results(
-        f"adaptive_softmax_wallclock{suffix}",
-        wall_rows,
-        title="AdaptiveSoftmax wall clock against dense softmax top-1, (n, d) = (32000, 4096)",
-        notes=(
-            "Random data: A iid N(0, 1/d), x iid N(0, 1), so the logits are about N(0, 1) and "
-            "the softmax is nearly flat (top probability about 1e-3): the hard case for "
-            "AdaptiveSoftmax, whose normalisation estimate then needs every arm to about 2% "
-            "and reads nearly all of A. Dense = torch.softmax(x @ A.T).topk(1) in fp32. "
-            "Times per query; batch 1 is the median over the repeats, the large batch is one "
-            "run. 'calibrated' tunes the two variance factors (Appendix C.4, tolerance 0.1 in "
-            "log10) on held-out random queries, so its guarantee is empirical. Trained PTB LSTM "
-            "heads: `python -m benchmarks.adaptive_softmax_trained`. "
-            f"torch threads: {args.threads}."
-        ),
-        columns=[
-            "variant",
-            "batch",
-            "dense_ms_per_query",
-            "adaptive_ms_per_query",
-            "slowdown",
-            "mean_gain",
-            "success_rate",
-            "note",
-        ],
-    )
 
 
 if __name__ == "__main__":

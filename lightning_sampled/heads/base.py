@@ -909,7 +909,9 @@ class OutputHead(nn.Module):
         ``logits`` are the head's (so ``z`` is divided by :attr:`temperature` first, and
         ``temperature`` here is a further one of this call). Not available with
         ``normalize=True`` (``ValueError``): AdaptiveSoftmax reads the raw class table.
-        The bias is added exactly; ``padding_idx`` is never returned. The
+        The bias is added exactly; ``padding_idx`` is never returned. A query whose first
+        products predict little gain (a flat softmax) gets the dense answer, exactly
+        (``AdaptiveSoftmax``'s default ``fallback_gain``). The
         :class:`~lightning_sampled.inference.AdaptiveSoftmax` over this head's table is cached on
         the head (not in its state dict; it holds a transposed copy of the table, as much memory
         again) and rebuilt when the arguments or the table object change. For calibrated

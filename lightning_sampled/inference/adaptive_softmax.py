@@ -11,6 +11,10 @@ the paper ran (Algorithm 4 with Appendices A.3 and C), vectorised over a batch o
 5. NormalizationEstimation (Algorithm 2) to ``eps / 2`` and ``delta / 2`` on the empirical
    variances, reusing all earlier pulls (Appendix C.1).
 
+Not in the paper: after the warm-up's first level a query whose estimates predict too little
+gain (a flat softmax, whose normalisation needs nearly every entry of ``A``) is finished with the
+dense product instead, exactly (:attr:`AdaptiveSoftmax.fallback_gain`).
+
 Here ``beta = 1 / temperature`` is the paper's inverse temperature and ``delta_Z = delta / 2``.
 """
 
@@ -65,6 +69,14 @@ class StageBudgets(NamedTuple):
     norm_delta: float
 
 
+#: the predicted gain below which a query is finished with the dense product
+#: (``benchmarks/adaptive_softmax_wallclock.py`` measures the sampled path's cost per entry)
+DEFAULT_FALLBACK_GAIN = 8.0
+#: the coordinates per query whose products predict the gain: at a batch of ``B`` queries the
+#: look reads ``B * LOOK_PULLS`` rows of ``A^T``, against the dense product's one pass over ``A``
+LOOK_PULLS = 4
+
+
 def stage_budgets(eps: float, delta: float) -> StageBudgets:
     """The per-stage budgets of :class:`StageBudgets`; failures of the two stages add up to at
     most ``delta`` by a union bound."""
@@ -74,6 +86,14 @@ def stage_budgets(eps: float, delta: float) -> StageBudgets:
 def _check_open_unit(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be in the open interval (0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_fallback_gain(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0:
+        raise ValueError(f"fallback_gain must be a number >= 1 or None, got {value!r}")
     return float(value)
 
 
@@ -137,6 +157,24 @@ class AdaptiveSoftmax(nn.Module):
             ``lightning.seed_everything``).
         bias: optional ``[n]`` per-class offsets ``b``.
         padding_idx: a class that is never predicted (its logit is ``-inf``; it is never pulled).
+        fallback_gain: a query whose predicted gain ``n d / samples`` is below this is
+            answered by the dense product (below); ``None``: never (the paper's algorithm
+            alone, e.g. to count its samples).
+
+    The dense fall-back (not in the paper, whose wall-clock version is future work, Appendix
+    C.5): before any pull, each query's products on the first :data:`LOOK_PULLS` coordinates
+    of its order give every arm's variance estimate, and with it the pulls the warm-up's
+    variance target asks (``N v_N / target``: a Horvitz-Thompson variance falls at least as
+    ``1 / N``), from ``T_0`` up to ``d``. Where their sum leaves less than ``fallback_gain`` of
+    the ``n d`` products to save (a flat softmax: the normalisation needs nearly every arm to a
+    few percent), sampling would read nearly all of ``A`` at a higher cost per entry than the
+    dense product, so the query gets the dense logits ``A x + b`` and their exact top-``k``,
+    probabilities and ``log Z`` (which meet the guarantee with probability one); its
+    ``samples_used`` is then ``n d`` plus the look's ``n LOOK_PULLS``. The prediction counts
+    only the warm-up, the first of the three stages, so it errs towards sampling. A batch so
+    large that its looks alone would read ``1 / fallback_gain`` of ``A`` goes to the dense
+    product at once (the dense product reads ``A`` once for the whole batch; the looks read
+    each query's own rows).
     """
 
     def __init__(
@@ -149,6 +187,7 @@ class AdaptiveSoftmax(nn.Module):
         *,
         bias: Tensor | None = None,
         padding_idx: int | None = None,
+        fallback_gain: float | None = DEFAULT_FALLBACK_GAIN,
     ) -> None:
         super().__init__()
         if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.numel() == 0:
@@ -170,6 +209,7 @@ class AdaptiveSoftmax(nn.Module):
         self.eps = _check_open_unit("eps", eps)
         self.delta = _check_open_unit("delta", delta)
         self.seed = seed
+        self.fallback_gain = _check_fallback_gain(fallback_gain)
         # References, not registered: A and b are the caller's state (no copy in the state dict).
         object.__setattr__(self, "_weight", weight)
         object.__setattr__(self, "_bias", bias)
@@ -305,25 +345,94 @@ class AdaptiveSoftmax(nn.Module):
             return AdaptiveResult(
                 empty.long(), empty, empty[:, 0], torch.empty(0, dtype=torch.long, device=device)
             )
+        beta = 1.0 / self.temperature
+        if self._look_costs_too_much(batch):
+            nothing_read = torch.zeros(batch, dtype=torch.long, device=device)
+            return self._dense_answers(x, k, beta, nothing_read)
         arms = ArmEstimates(*self._columns(), x, pull_schedule(self.dim), generator)
         candidates = torch.ones(batch, self.num_classes, dtype=torch.bool, device=device)
         if self.padding_idx is not None:
             candidates[:, self.padding_idx] = False
-        num_arms = int(candidates[0].sum())
-        beta = 1.0 / self.temperature
+        num_arms = self.num_classes - (self.padding_idx is not None)
         budgets = stage_budgets(self.eps, self.delta)
         warm_up = 1.0 / (17.0 * beta**2 * math.log(6.0 * num_arms / budgets.norm_delta))
+        dense = self._flat(arms, candidates, warm_up / norm_scale)
+        if bool(dense.all()):
+            looked = torch.full((batch,), self._looked_at(), device=device)
+            return self._dense_answers(x, k, beta, looked)
+        candidates &= ~dense.unsqueeze(1)
         arms.pull_to_variance(warm_up, candidates, norm_scale)
-        top = self._best_arms(arms, candidates, k, beta, budgets.bandit_delta, bandit_scale)
-        arms.make_exact(torch.zeros_like(candidates).scatter_(1, top, True))
+        top = self._best_arms(
+            arms, candidates, num_arms, k, beta, budgets.bandit_delta, bandit_scale
+        )
+        arms.make_exact(torch.zeros_like(candidates).scatter_(1, top, True) & candidates)
         logits = self._logits(arms).gather(1, top)
         logits, order = logits.sort(dim=1, descending=True)
         top = top.gather(1, order)
         log_z = self._log_partition(
-            arms, candidates, beta, budgets.norm_eps, budgets.norm_delta, norm_scale
+            arms, candidates, num_arms, beta, budgets.norm_eps, budgets.norm_delta, norm_scale
         )
         probs = torch.exp(beta * logits - log_z.unsqueeze(1))
-        return AdaptiveResult(top, probs, log_z, arms.samples_used())
+        used = arms.samples_used() + self._looked_at()
+        if not bool(dense.any()):
+            return AdaptiveResult(top, probs, log_z, used)
+        rows = dense.nonzero()[:, 0]
+        answers = self._dense_answers(x[rows], k, beta, used[rows])
+        return AdaptiveResult(
+            *(part.index_put((rows,), answer) for part, answer in zip(
+                (top, probs, log_z, used), answers, strict=True
+            ))
+        )  # fmt: skip
+
+    def _flat(self, arms: ArmEstimates, candidates: Tensor, target: float) -> Tensor:
+        """bool ``[B]``: the queries to finish with the dense product, whose predicted gain is
+        below :attr:`fallback_gain` (class docstring), from the arms' variances at ``T_0``
+        pulls (:meth:`ArmEstimates.prefix_variances` of :data:`LOOK_PULLS` coordinates, so
+        ``T_0 / LOOK_PULLS`` times the variance at ``T_0``) and the warm-up's variance ``target``
+        (for the unscaled estimates)."""
+        if self.fallback_gain is None:
+            return torch.zeros(candidates.shape[0], dtype=torch.bool, device=candidates.device)
+        look = self._look_pulls
+        variances = arms.prefix_variances(look)
+        pulls = (look * variances / target).clamp(min=arms.schedule[0], max=self.dim)
+        predicted = pulls.masked_fill(~candidates, 0.0).sum(1)
+        return predicted * self.fallback_gain > self.num_classes * self.dim
+
+    def _look_costs_too_much(self, batch: int) -> bool:
+        """Whether a batch of ``batch`` queries goes to the dense product without a look: the
+        looks of :meth:`_flat` read ``batch * LOOK_PULLS`` rows of ``A^T``, each query its own,
+        while the dense product reads ``A`` once for the whole batch; where they would read
+        ``1 / fallback_gain`` of it or more (``batch * LOOK_PULLS * fallback_gain >= d``:
+        batch 32 at ``d = 1,024``), sampling cannot repay them."""
+        if self.fallback_gain is None:
+            return False
+        return batch * self._look_pulls * self.fallback_gain >= self.dim
+
+    @property
+    def _look_pulls(self) -> int:
+        """The coordinates of each query that :meth:`_flat` looks at (at most ``T_0``)."""
+        return min(LOOK_PULLS, self.dim)
+
+    def _looked_at(self) -> int:
+        """The products per query that :meth:`_flat` computes, or none."""
+        return 0 if self.fallback_gain is None else self.num_classes * self._look_pulls
+
+    def _dense_answers(
+        self, x: Tensor, k: int, beta: float, samples_before: Tensor
+    ) -> AdaptiveResult:
+        """The exact answers for queries ``x`` ``[F, d]`` from the dense logits ``A x + b``:
+        their top ``k``, probabilities and ``log Z``, and ``samples_before`` ``[F]`` plus the
+        ``n d`` products."""
+        weight = self._weight.detach()
+        logits = x @ weight.float().T
+        if self._bias is not None:
+            logits += self._bias.detach().float()
+        if self.padding_idx is not None:
+            logits[:, self.padding_idx] = -math.inf
+        values, top = logits.topk(k, dim=1)
+        log_z = torch.logsumexp(beta * logits, dim=1)
+        probs = torch.exp(beta * values - log_z.unsqueeze(1))
+        return AdaptiveResult(top, probs, log_z, samples_before + weight.numel())
 
     def _logits(self, arms: ArmEstimates) -> Tensor:
         """``[B, n]`` estimated ``<A_i, x> + b_i``."""
@@ -334,18 +443,19 @@ class AdaptiveSoftmax(nn.Module):
         self,
         arms: ArmEstimates,
         candidates: Tensor,
+        num_arms: int,
         k: int,
         beta: float,
         delta_b: float,
         bandit_scale: float,
     ) -> Tensor:
-        """Successive elimination (Algorithm 3 with empirical variances) for the top ``k``, with
-        failure probability ``delta_b``.
+        """Successive elimination (Algorithm 3 with empirical variances) among the ``num_arms``
+        arms for the top ``k``, with failure probability ``delta_b``; a query with no candidate
+        (finished densely) is done at once.
 
         Returns:
             long ``[B, k]`` the identified arms.
         """
-        num_arms = int(candidates[0].sum())
         survivors = candidates.clone()
         done = torch.zeros(survivors.shape[0], dtype=torch.bool, device=survivors.device)
         rounds = 0
@@ -370,19 +480,19 @@ class AdaptiveSoftmax(nn.Module):
         self,
         arms: ArmEstimates,
         candidates: Tensor,
+        num_arms: int,
         beta: float,
         eps_z: float,
         delta_z: float,
         norm_scale: float,
     ) -> Tensor:
-        """NormalizationEstimation (Algorithm 2) to accuracy ``eps_z`` with failure probability
-        ``delta_z``; ``[B]`` ``log Z``.
+        """NormalizationEstimation (Algorithm 2) over the ``num_arms`` arms to accuracy ``eps_z``
+        with failure probability ``delta_z``; ``[B]`` ``log Z``.
 
         Each arm's target variance is ``1 / (beta^2 max(...))`` with the three terms of Algorithm
         2, line 7 (``n_i`` pulls of variance proxy ``sigma^2`` give variance ``sigma^2 / n_i``),
         with ``alpha_i``, ``gamma_i`` from the lower confidence bounds of the warm-up estimates.
         """
-        num_arms = int(candidates[0].sum())
         log_term = math.log(6.0 * num_arms / delta_z)
         radius = torch.sqrt(2.0 * norm_scale * arms.variance() * log_term)
         half_log_alpha = (0.5 * beta * (self._logits(arms) - radius)).masked_fill(

@@ -32,6 +32,10 @@ from .importance_sampling import (
 
 #: Upper bound on the entries of ``A`` gathered at once (bounds peak memory, not the result).
 GATHER_CHUNK = 1 << 22
+#: A read whose arms are at least this share of every query's ``n`` arms reads whole rows of
+#: ``A^T`` (contiguous, a batched product), discarding the entries of the arms outside it, rather
+#: than gathering the entries of its arms one by one (:meth:`ArmEstimates._read`).
+ROW_READ_SHARE = 0.875
 
 
 def read_entries(columns: Tensor, flat_index: Tensor) -> Tensor:
@@ -45,6 +49,15 @@ def read_entries(columns: Tensor, flat_index: Tensor) -> Tensor:
     """
     values = columns.reshape(-1).index_select(0, flat_index.reshape(-1))
     return values.view(flat_index.shape).float()
+
+
+def read_rows(columns: Tensor, coordinates: Tensor) -> Tensor:
+    """Reads whole rows ``columns[coordinates]`` as fp32: ``[B, w, n + 1]`` for coordinate ids
+    ``[B, w]``, every arm's entries of those coordinates (and the zero column). The other place
+    where ``A`` is read (:func:`read_entries`): contiguous rows of ``A^T``, at the bandwidth of a
+    dense product, for reads that concern nearly every arm."""
+    rows = columns.index_select(0, coordinates.reshape(-1))
+    return rows.view(*coordinates.shape, columns.shape[1]).float()
 
 
 class ArmEstimates:
@@ -71,8 +84,8 @@ class ArmEstimates:
         self.schedule = schedule
         batch, levels = x.shape[0], len(schedule)
         log_w = importance_weights(column_abs_sums, x).log()
-        self.order, keys = gumbel_permutation(log_w, generator)
-        self.thresholds = sample_thresholds(keys, schedule)
+        self.order, self.keys = gumbel_permutation(log_w, generator)
+        self.thresholds = sample_thresholds(self.keys, schedule)
         self.log_w_sorted = log_w.gather(1, self.order)
         self.x_sorted = x.gather(1, self.order)
         self.block_weights: dict[int, tuple[Tensor, Tensor]] = {}
@@ -81,15 +94,26 @@ class ArmEstimates:
         # Once the prefix holds every positive-weight coordinate the estimate is exact.
         self.exact_level = torch.searchsorted(sizes, positive).clamp(max=levels - 1)
         self.sizes = torch.cat([sizes.new_zeros(1), sizes])
-        # Row ``n`` of the sums absorbs the (zero) contributions of padding slots.
-        shape = (batch, self.num_arms + 1, levels)
-        self.sum_mean = torch.zeros(shape, device=x.device)
-        self.sum_var = torch.zeros(shape, device=x.device)
+        # Row ``n`` of the sums absorbs the (zero) contributions of padding slots. Both are
+        # allocated by the first pull (:meth:`_sums`): a query that the caller finishes otherwise
+        # (AdaptiveSoftmax's dense fall-back) never pays for its ``[n + 1, L]`` sums.
+        self.sums_shape = (batch, self.num_arms + 1, levels)
+        self.sum_mean: Tensor | None = None
+        self.sum_var: Tensor | None = None
         self.level = torch.full((batch, self.num_arms), -1, dtype=torch.long, device=x.device)
 
     # -- state ------------------------------------------------------------------------------------
 
-    def _at_level(self, sums: Tensor, empty: float) -> Tensor:
+    def _sums(self) -> tuple[Tensor, Tensor]:
+        """``(sum_mean, sum_var)``, each fp32 ``[B, n + 1, L]``, zeros until pulled into."""
+        if self.sum_mean is None:
+            self.sum_mean = torch.zeros(self.sums_shape, device=self.level.device)
+            self.sum_var = torch.zeros(self.sums_shape, device=self.level.device)
+        return self.sum_mean, self.sum_var
+
+    def _at_level(self, sums: Tensor | None, empty: float) -> Tensor:
+        if sums is None:  # nothing pulled yet
+            return torch.full(self.level.shape, empty, device=self.level.device)
         current = sums[:, : self.num_arms].gather(2, self.level.clamp(min=0).unsqueeze(2))
         current = current.squeeze(2)
         return current.masked_fill(self.level < 0, empty)
@@ -113,6 +137,23 @@ class ArmEstimates:
     def samples_used(self) -> Tensor:
         """``[B]`` long: the scalar products ``A_ij x_j`` computed for each query."""
         return self.pulls().sum(1)
+
+    def prefix_variances(self, pulls: int) -> Tensor:
+        """``[B, n]`` fp32: each arm's variance estimate (eq. 23) from the first ``pulls``
+        coordinates of its query's order, ``pulls <= T_0``, read as whole rows of ``A^T``
+        (:func:`read_rows`, a few queries at a time) and not counted into the estimates: a look
+        that costs ``n pulls`` products per query, which a later :meth:`advance` reads again."""
+        pi, complement = inclusion_probabilities(
+            self.log_w_sorted[:, :pulls], sample_thresholds(self.keys, [pulls])
+        )
+        xs = self.x_sorted[:, :pulls].double()
+        var_w = (xs.square() * complement / pi.square()).float().unsqueeze(1)  # [B, 1, pulls]
+        queries = max(1, GATHER_CHUNK // (pulls * (self.num_arms + 1)))
+        parts = []
+        for start in range(0, var_w.shape[0], queries):
+            rows = read_rows(self.columns, self.order[start : start + queries, :pulls])
+            parts.append(torch.bmm(var_w[start : start + queries], rows.mul_(rows)))
+        return torch.cat(parts)[:, 0, : self.num_arms]
 
     # -- pulling ----------------------------------------------------------------------------------
 
@@ -197,6 +238,10 @@ class ArmEstimates:
         """
         batch, width = group.shape[0], end - start
         counts = group.sum(1)
+        levels = slice(first_level, first_level + mean_w.shape[1])
+        if bool((counts >= ROW_READ_SHARE * self.num_arms).all()):
+            self._read_rows(group, self.order[:, start:end], mean_w, var_w, levels)
+            return
         slots_needed = int(counts.max())
         # Per query, the selected arm ids first, then the sentinel ``n`` as padding.
         slots = torch.argsort((~group).to(torch.int8), dim=1, stable=True)[:, :slots_needed]
@@ -206,13 +251,42 @@ class ArmEstimates:
         offsets = (self.order[:, start:end] * (self.num_arms + 1)).unsqueeze(2)
         if self.columns.numel() < 2**31:  # int32 indices halve the index traffic
             offsets, slots = offsets.int(), slots.int()
-        levels = slice(first_level, first_level + mean_w.shape[1])
+        sum_mean, sum_var = self._sums()
         chunk = max(1, GATHER_CHUNK // (batch * width))
         for first in range(0, slots_needed, chunk):
             arms = slots[:, first : first + chunk]
             gathered = read_entries(self.columns, offsets + arms.unsqueeze(1))
             targets = arms.long().unsqueeze(2).expand(-1, -1, mean_w.shape[1])
-            self.sum_mean[:, :, levels].scatter_add_(1, targets, torch.bmm(mean_w, gathered).mT)
+            sum_mean[:, :, levels].scatter_add_(1, targets, torch.bmm(mean_w, gathered).mT)
             if var_w is not None:
-                squares = torch.bmm(var_w, gathered.square()).mT
-                self.sum_var[:, :, levels].scatter_add_(1, targets, squares)
+                squares = torch.bmm(var_w, gathered * gathered).mT
+                sum_var[:, :, levels].scatter_add_(1, targets, squares)
+
+    def _read_rows(
+        self,
+        group: Tensor,
+        coordinates: Tensor,
+        mean_w: Tensor,
+        var_w: Tensor | None,
+        levels: slice,
+    ) -> None:
+        """:meth:`_read` by whole rows of ``A^T``: the coordinates ``[B, w]`` (of each query's
+        order) for every arm (:func:`read_rows`, a few queries and coordinates at a time within
+        :data:`GATHER_CHUNK` entries), weighted by one batched product, added into the sums'
+        ``levels`` of the arms in ``group`` only."""
+        sum_mean, sum_var = self._sums()
+        keep = torch.cat([group, group.new_zeros(group.shape[0], 1)], dim=1).unsqueeze(2)
+        width = coordinates.shape[1]
+        per_chunk = max(1, GATHER_CHUNK // (self.num_arms + 1))
+        queries = max(1, per_chunk // width)
+        step = max(1, per_chunk // queries)
+        for first in range(0, group.shape[0], queries):
+            batch = slice(first, first + queries)
+            for offset in range(0, width, step):
+                part = slice(offset, min(offset + step, width))
+                rows = read_rows(self.columns, coordinates[batch, part])
+                means = torch.bmm(mean_w[batch, :, part], rows).mT
+                sum_mean[batch, :, levels] += means * keep[batch]
+                if var_w is not None:
+                    squares = torch.bmm(var_w[batch, :, part], rows * rows).mT
+                    sum_var[batch, :, levels] += squares * keep[batch]

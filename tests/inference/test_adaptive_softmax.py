@@ -143,7 +143,9 @@ def test_importance_weighted_mean_is_unbiased_and_variance_estimate_calibrated()
 
 
 def test_samples_used_equals_the_entries_of_a_read_once_each(monkeypatch):
-    """Every entry of ``A`` read is counted, and no entry is read twice (pulls are reused)."""
+    """Every entry of ``A`` read is counted, and no entry is read twice (pulls are reused), where
+    every read gathers its arms' entries (no whole rows, whose other arms' entries go unused)."""
+    monkeypatch.setattr(arm_estimates_module, "ROW_READ_SHARE", 2.0)
     weight, x = planted_instance(30, 3000, 5, seed=1)
     sentinel = weight.shape[0]
     reads: list[torch.Tensor] = []
@@ -154,7 +156,7 @@ def test_samples_used_equals_the_entries_of_a_read_once_each(monkeypatch):
         return original(columns, flat_index)
 
     monkeypatch.setattr(arm_estimates_module, "read_entries", counting)
-    module = AdaptiveSoftmax(weight, temperature=0.5, seed=0)
+    module = AdaptiveSoftmax(weight, temperature=0.5, seed=0, fallback_gain=None)
     for query in x:  # one query per call: flat indices identify (coordinate, arm) within a call
         reads.clear()
         result = module.topk(query, k=2)
@@ -167,6 +169,50 @@ def test_samples_used_equals_the_entries_of_a_read_once_each(monkeypatch):
     batch = module.topk(x, k=2)
     index = torch.cat(reads)
     assert int((index % (sentinel + 1) != sentinel).sum()) == int(batch.samples_used.sum())
+
+
+@pytest.mark.parametrize("share", [0.5, 0.875])
+def test_whole_row_reads_give_the_estimates_of_entry_gathers(monkeypatch, share):
+    """Reads that concern most arms take whole rows of ``A^T``; the sums they add, to the arms of
+    the read only, are those of gathering each arm's entries, at every level and for exactness."""
+    g = torch.Generator().manual_seed(3)
+    num_arms, dim, batch = 40, 300, 3
+    weight = torch.randn(num_arms, dim, generator=g)
+    x = torch.randn(batch, dim, generator=g)
+    groups = [torch.ones(batch, num_arms, dtype=torch.bool)]
+    groups += [torch.rand(batch, num_arms, generator=g) < p for p in (0.95, 0.9, 0.6, 0.3)]
+    rows_read = []
+    original = arm_estimates_module.read_rows
+
+    def counting(columns, coordinates):
+        rows_read.append(coordinates.numel())
+        return original(columns, coordinates)
+
+    monkeypatch.setattr(arm_estimates_module, "read_rows", counting)
+    states = []
+    for row_share in (share, 2.0):  # whole rows where a read covers the share; never
+        monkeypatch.setattr(arm_estimates_module, "ROW_READ_SHARE", row_share)
+        arms = ArmEstimates(
+            with_sentinel(weight),
+            weight.abs().sum(0),
+            x,
+            pull_schedule(dim),
+            torch.Generator().manual_seed(4),
+        )
+        for group in groups:
+            arms.advance(group)
+        arms.make_exact(groups[3])
+        states.append((arms.mean(), arms.variance(), arms.level.clone()))
+        if row_share == share:
+            assert rows_read, "some read must take whole rows"
+            rows_read.clear()
+    assert not rows_read
+    (mean_rows, var_rows, level_rows), (mean, var, level) = states
+    assert torch.equal(level_rows, level)
+    torch.testing.assert_close(mean_rows, mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(var_rows, var, rtol=1e-5, atol=1e-5)
+    exact = (level == arms.exact_level[:, None]) & groups[3]
+    torch.testing.assert_close(mean_rows[exact], (x @ weight.T)[exact], rtol=1e-4, atol=1e-4)
 
 
 # -- the guarantee -------------------------------------------------------------------------------
@@ -238,7 +284,7 @@ def test_stages_pull_to_the_paper_targets_with_half_of_eps_and_delta_each(monkey
         original(self, target, mask, scale)
 
     monkeypatch.setattr(ArmEstimates, "pull_to_variance", recording)
-    AdaptiveSoftmax(weight, temperature, eps, delta, seed=0).topk(x, k=2)
+    AdaptiveSoftmax(weight, temperature, eps, delta, seed=0, fallback_gain=None).topk(x, k=2)
     (warm_up, *rounds), (norm_target, mean, variance) = [c[0] for c in calls[:-1]], calls[-1]
     assert warm_up == pytest.approx(1 / (17 * beta**2 * math.log(6 * n / delta_z)), rel=1e-12)
     assert rounds, "the instance must take an elimination round"
@@ -326,6 +372,64 @@ def test_seeded_module_is_repeatable_and_each_call_draws_new_noise():
     assert not all(torch.equal(calls[0], c) for c in calls[1:])
 
 
+# -- the dense fall-back -------------------------------------------------------------------------
+
+
+def flat_and_planted(num_classes, dim, seed):
+    """:func:`planted_instance` with a small bias: four planted queries, which sampling answers
+    with a gain of about 4 at ``(100, 20,000)``, after two flat ones (``sqrt(d)`` times a random
+    direction: every arm's logit about ``N(0, 1)``, whose estimates need nearly every
+    coordinate, gain 1)."""
+    weight, planted = planted_instance(num_classes, dim, 4, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    flat = math.sqrt(dim) * torch.randn(2, dim, generator=g)
+    bias = 0.01 * torch.randn(num_classes, generator=g)
+    return weight, bias, torch.cat([flat, planted])
+
+
+def test_flat_queries_get_the_exact_dense_answer_and_planted_ones_are_sampled():
+    n, d, k = 100, 20_000, 2
+    weight, bias, x = flat_and_planted(n, d, seed=0)
+    padding = int((x[0] @ weight.T + bias).argmax())  # the dense path must leave it out
+    kwargs = dict(temperature=0.5, bias=bias, padding_idx=padding, seed=0)
+    module = AdaptiveSoftmax(weight, **kwargs)  # the default fall-back
+    result = module.topk(x, k)
+    exact = exact_topk_softmax(weight, x, k, temperature=0.5, bias=bias, padding_idx=padding)
+    flat, planted = slice(0, 2), slice(2, 6)
+    assert torch.equal(result.indices[flat], exact.indices[flat])
+    torch.testing.assert_close(result.probs[flat], exact.probs[flat].float(), rtol=1e-4, atol=0)
+    torch.testing.assert_close(
+        result.log_partition[flat], exact.log_partition[flat].float(), rtol=1e-5, atol=1e-5
+    )
+    looked = n * 4  # LOOK_PULLS products of every arm
+    assert torch.equal(result.samples_used[flat], torch.full((2,), n * d + looked))
+    assert bool((result.samples_used[planted] < n * d / 2.5).all()), "sampled, with a gain"
+    identified, success = adaptive_success(result.indices, result.probs, exact, module.eps)
+    assert bool(success.all())
+    # without the fall-back the flat queries read nearly all of A through the sampled path
+    paper = AdaptiveSoftmax(weight, **kwargs, fallback_gain=None)
+    assert bool((paper.topk(x[flat], k).samples_used > 0.9 * n * d).all())
+
+
+def test_a_batch_whose_looks_would_cost_too_much_goes_dense_at_once(monkeypatch):
+    """At ``batch * LOOK_PULLS * fallback_gain >= d`` no query is looked at: every answer is
+    the dense one, and ``samples_used`` is ``n d`` exactly; below it, queries are looked at."""
+    n, d = 50, 256
+    weight, bias, x = flat_and_planted(n, d, seed=1)
+    reads = []
+    monkeypatch.setattr(
+        arm_estimates_module, "read_rows", lambda c, rows: reads.append(rows) or c[rows].float()
+    )
+    module = AdaptiveSoftmax(weight, bias=bias, seed=0, fallback_gain=16.0)  # 6 * 4 * 16 >= 256
+    result = module.topk(x, 1)
+    exact = exact_topk_softmax(weight, x, 1, bias=bias)
+    assert not reads
+    assert torch.equal(result.indices, exact.indices)
+    assert torch.equal(result.samples_used, torch.full((6,), n * d))
+    AdaptiveSoftmax(weight, bias=bias, seed=0, fallback_gain=8.0).topk(x, 1)  # 6 * 4 * 8 < 256
+    assert reads and reads[0].shape == (6, 4)
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 
@@ -339,6 +443,9 @@ def test_seeded_module_is_repeatable_and_each_call_draws_new_noise():
         ({"temperature": 0.0}, "temperature"),
         ({"bias": torch.zeros(3)}, "bias"),
         ({"seed": 1.5}, "seed"),
+        ({"fallback_gain": 0.5}, "fallback_gain"),
+        ({"fallback_gain": True}, "fallback_gain"),
+        ({"fallback_gain": math.nan}, "fallback_gain"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
