@@ -186,10 +186,31 @@ def new_workspace(z: Tensor, num_classes: int, chunk_size: int) -> Tensor:
     return torch.empty(z.shape[0] * min(chunk_size, num_classes), device=z.device)
 
 
-def exp_shifted_(logits: Tensor, shift: Tensor) -> Tensor:
-    """In place: ``logits <- exp(logits - shift[:, None])``; rows whose shift is ``-inf`` give 0."""
+def exp_shifted_(logits: Tensor, shift: Tensor, out: Tensor | None = None) -> Tensor:
+    """In place: ``logits <- exp(logits - shift[:, None])``, or into ``out`` (``logits``'
+    shape) where given, ``logits`` then unchanged; rows whose shift is ``-inf`` give 0."""
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-    return logits.sub_(shift[:, None]).exp_()
+    return torch.sub(logits, shift[:, None], out=logits if out is None else out).exp_()
+
+
+#: logits of shared candidates (:class:`ChunkedLogSumExp`) kept from forward for backward, in
+#: elements (8 MiB in fp32): the columns of whole chunks up to it skip backward's recomputation
+#: (a product and two passes), within issue 52's memory target at the recommender shapes
+KEPT_LOGITS_ELEMENTS = 2**21
+
+
+def kept_columns(num_rows: int, num_columns: int, chunk_size: int) -> int:
+    """How many leading columns (whole chunks of ``chunk_size``) of a ``[T, C]`` block of
+    logits fit :data:`KEPT_LOGITS_ELEMENTS`: all ``C``, some chunks, or none."""
+    if num_rows * num_columns <= KEPT_LOGITS_ELEMENTS:
+        return num_columns
+    return min(num_columns, KEPT_LOGITS_ELEMENTS // max(num_rows * chunk_size, 1) * chunk_size)
+
+
+def kept_chunk(kept: Tensor, num_rows: int, start: int, end: int) -> Tensor:
+    """The ``[T, end - start]`` logits of the chunk ``[start, end)`` in the flat buffer of
+    :func:`chunked_softmax_sums` (each chunk's block contiguous, in order)."""
+    return kept[num_rows * start : num_rows * end].view(num_rows, end - start)
 
 
 def shift_cells_(
@@ -273,7 +294,8 @@ def chunked_softmax_sums(
     dtype: torch.dtype,
     cell_column: Tensor | None = None,
     cell_shift: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+    keep_columns: int = 0,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The per-row sums the cross-entropy's forward needs, one ``[T, chunk_size]`` block of logits
     at a time: the log-sum-exp over the classes, the target's logit (``0`` for a target outside
     ``[0, N)``, as a sharded table's ``-1`` is, and for every row when ``target`` is ``None``)
@@ -281,7 +303,10 @@ def chunked_softmax_sums(
     (else zeros). Each fp32 ``[T]``; ``z`` ``[T, D]``, ``weight`` ``[N, D]``, ``bias`` ``[N]``
     or ``None``, ``target`` long ``[T]`` or ``None``, matmuls in ``dtype``; ``cell_column`` and
     ``cell_shift`` ``[T]`` shift one logit per row first
-    (:func:`shift_cells_`; the target's logit is read before the shift).
+    (:func:`shift_cells_`; the target's logit is read before the shift). Fourth: the shifted
+    logits of the first ``keep_columns`` classes (whole chunks, :func:`kept_columns`), fp32,
+    flat ``[T * keep_columns]`` (:func:`kept_chunk`), for :func:`chunked_softmax_grads` to
+    read instead of recomputing them.
 
     A custom op, opaque to ``torch.compile``: traced as plain torch, the chunk loop unrolls and
     inductor's scheduler runs every chunk's matmul before the reductions that consume them, so
@@ -290,13 +315,16 @@ def chunked_softmax_sums(
     num_rows, num_classes = z.shape[0], weight.shape[0]
     rows = torch.arange(num_rows, device=z.device)
     workspace = new_workspace(z, num_classes, chunk_size)
+    kept = torch.empty(num_rows * keep_columns, device=z.device)
     chunk_lse = []
     target_logit = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
     logit_sum = torch.zeros(num_rows, device=z.device, dtype=torch.float32)
     for start, end in class_chunks(num_classes, chunk_size):
+        keep = end <= keep_columns  # written where backward reads them
         logits = chunk_logits(
-            z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
-        )
+            z, weight, bias, start, end, padding_idx, dtype,
+            kept[num_rows * start :] if keep else workspace, normalize=normalize,
+        )  # fmt: skip
         if target is not None:
             inside = (target >= start) & (target < end)
             local = (target - start).clamp(0, end - start - 1)
@@ -305,15 +333,18 @@ def chunked_softmax_sums(
         if logit_sums:
             logit_sum += row_sums_without_padding(logits, start, end, padding_idx)
         row_max = logits.amax(dim=1)
-        chunk_sum = exp_shifted_(logits, row_max).sum(dim=1)
+        out = workspace[: logits.numel()].view_as(logits) if keep else None
+        chunk_sum = exp_shifted_(logits, row_max, out).sum(dim=1)
         chunk_lse.append(row_max + chunk_sum.log())
     lse = torch.logsumexp(torch.stack(chunk_lse, dim=1), dim=1)
-    return lse, target_logit, logit_sum
+    return lse, target_logit, logit_sum, kept
 
 
 @chunked_softmax_sums.register_fake
-def _(z, weight, bias, target, chunk_size, padding_idx, normalize, logit_sums, dtype, *cells):
-    return tuple(z.new_empty(z.shape[0], dtype=torch.float32) for _ in range(3))
+def _(z, weight, bias, target, chunk_size, padding_idx, normalize, logit_sums, dtype, *rest):
+    keep_columns = rest[2] if len(rest) > 2 else 0
+    sums = tuple(z.new_empty(z.shape[0], dtype=torch.float32) for _ in range(3))
+    return *sums, z.new_empty(z.shape[0] * keep_columns, dtype=torch.float32)
 
 
 @torch.library.custom_op("lightning_sampled::chunked_softmax_grads", mutates_args=())
@@ -333,10 +364,12 @@ def chunked_softmax_grads(
     need_b: bool,
     cell_column: Tensor | None = None,
     cell_shift: Tensor | None = None,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The softmax part of the cross-entropy's gradients, one ``[T, chunk_size]`` block of
     probabilities at a time (a custom op, opaque to ``torch.compile``, for the reason
-    :func:`chunked_softmax_sums` gives).
+    :func:`chunked_softmax_sums` gives); the chunks whose shifted logits forward ``kept`` (its
+    fourth output) are read, not recomputed.
 
     With ``P = softmax(z W^T + b) - smoothing`` (``0`` in the ``padding_idx`` column), ``g`` the
     per-row incoming gradient ``[T]`` and ``zg = z * g`` ``[T, D]`` in the matmul dtype, returns
@@ -353,13 +386,19 @@ def chunked_softmax_grads(
     grad_w = torch.zeros(weight.shape if need_w else 0, **f32)
     grad_b = torch.zeros(weight.shape[0] if need_b else 0, **f32)
     workspace = new_workspace(z, weight.shape[0], chunk_size)
+    num_rows, keep_columns = z.shape[0], 0 if kept is None else kept.numel() // z.shape[0]
     with torch.autocast(z.device.type, enabled=False):
         for start, end in class_chunks(weight.shape[0], chunk_size):
-            logits = chunk_logits(
-                z, weight, bias, start, end, padding_idx, dtype, workspace, normalize=normalize
-            )
-            shift_cells_(logits, start, end, cell_column, cell_shift)
-            probs = exp_shifted_(logits, lse)
+            if end <= keep_columns:
+                logits = kept_chunk(kept, num_rows, start, end)
+                probs = exp_shifted_(logits, lse, workspace[: logits.numel()].view_as(logits))
+            else:
+                logits = chunk_logits(
+                    z, weight, bias, start, end, padding_idx, dtype, workspace,
+                    normalize=normalize,
+                )  # fmt: skip
+                shift_cells_(logits, start, end, cell_column, cell_shift)
+                probs = exp_shifted_(logits, lse)
             if smoothing:
                 probs.sub_(smoothing)
                 if padding_idx is not None and start <= padding_idx < end:
@@ -400,12 +439,13 @@ def folded_softmax_grads(
     normalize: bool = False,
     smoothing: float = 0.0,
     cells: tuple[Tensor | None, Tensor | None] = (None, None),
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward that :class:`ChunkedCrossEntropy` and :class:`ChunkedLogSumExp` share: the
     per-row gradient ``g`` ``[T]`` folded into ``zg = g z`` (in ``ctx.dtype``) and
     :func:`chunked_softmax_grads` in ``ctx.chunk_size`` chunks for the inputs (``z``,
     ``weight``, ``bias``) whose gradient ``ctx`` needs; ``cells`` is ``(cell_column,
-    cell_shift)``. Returns ``(zg, P W, P^T zg, P^T g)``."""
+    cell_shift)`` and ``kept`` the logits forward kept. Returns ``(zg, P W, P^T zg, P^T g)``."""
     zg = (z.float() * g[:, None]).to(ctx.dtype)
     need_z, need_w, need_b = ctx.needs_input_grad[:3]
     grads = chunked_softmax_grads(
@@ -423,6 +463,7 @@ def folded_softmax_grads(
         need_w,
         need_b,
         *cells,
+        kept,
     )
     return zg, *grads
 
@@ -461,7 +502,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         dtype = compute_dtype(z)
         # the whole table's classes and padding class, which label smoothing spreads over
         whole = (weight.shape[0], padding_idx) if shards is None else shards.whole_table
-        lse, target_logit, logit_sum = chunked_softmax_sums(
+        lse, target_logit, logit_sum, _ = chunked_softmax_sums(
             z,
             weight,
             bias,
@@ -544,26 +585,31 @@ class ChunkedLogSumExp(torch.autograd.Function):
 
     The passes are :class:`ChunkedCrossEntropy`'s custom ops: two matmuls in backward (``dz = P
     W``, ``dW = P^T (g z)``) after one that recomputes the chunk's logits, and a few in-place
-    passes over its ``[T, C]`` block; the per-row gradient ``g`` is folded into ``z``.
+    passes over its ``[T, C]`` block; the per-row gradient ``g`` is folded into ``z``. The
+    logits of the leading chunks that fit :data:`KEPT_LOGITS_ELEMENTS` (every chunk at a
+    language model's batch) are kept from forward, and backward reads them instead of
+    recomputing them: three products for those chunks instead of four.
     """
 
     @staticmethod
     def forward(ctx, z, weight, bias, cell_column, cell_shift, chunk_size):
         dtype = compute_dtype(z)
-        lse, _, _ = chunked_softmax_sums(
-            z, weight, bias, None, chunk_size, None, False, False, dtype, cell_column, cell_shift
-        )
-        ctx.save_for_backward(z, weight, bias, cell_column, cell_shift, lse)
+        keep = kept_columns(z.shape[0], weight.shape[0], chunk_size)
+        lse, _, _, kept = chunked_softmax_sums(
+            z, weight, bias, None, chunk_size, None, False, False, dtype, cell_column,
+            cell_shift, keep,
+        )  # fmt: skip
+        ctx.save_for_backward(z, weight, bias, cell_column, cell_shift, lse, kept)
         ctx.chunk_size, ctx.dtype = chunk_size, dtype
         return lse
 
     @staticmethod
     def backward(ctx, grad_out):
-        z, weight, bias, cell_column, cell_shift, lse = ctx.saved_tensors
+        z, weight, bias, cell_column, cell_shift, lse, kept = ctx.saved_tensors
         need_z, need_w, need_b = ctx.needs_input_grad[:3]
         g = grad_out.float()
         _, grad_z, grad_w, grad_b = folded_softmax_grads(
-            ctx, g, z, weight, bias, lse, cells=(cell_column, cell_shift)
+            ctx, g, z, weight, bias, lse, cells=(cell_column, cell_shift), kept=kept
         )
         return (
             grad_z.mul_(g[:, None]).to(z.dtype) if need_z else None,

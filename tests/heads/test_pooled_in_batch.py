@@ -32,7 +32,9 @@ def brute_logsumexp(z, weight, bias, column, shift):
     return torch.logsumexp(logits, dim=1)
 
 
-def test_chunked_logsumexp_is_the_dense_one_with_its_gradients():
+@pytest.mark.parametrize("kept", [0, 37 * 7, 37 * 23])  # no chunk kept, some, all
+def test_chunked_logsumexp_is_the_dense_one_with_its_gradients(kept, monkeypatch):
+    monkeypatch.setattr(chunked, "KEPT_LOGITS_ELEMENTS", kept)
     g = torch.Generator().manual_seed(0)
     T, C, D = 37, 23, 5
     z = torch.randn(T, D, generator=g, requires_grad=True)
@@ -51,6 +53,24 @@ def test_chunked_logsumexp_is_the_dense_one_with_its_gradients():
         grads = torch.autograd.grad((got * upstream.float()).sum(), [z, weight, bias])
         for a, b in zip(grads, want_grads, strict=True):
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("kept", "recomputed"), [(0, 4), (40 * 26, 2), (40 * 50, 0)])
+def test_backward_reads_the_kept_logits_instead_of_recomputing_them(kept, recomputed, monkeypatch):
+    """The leading whole chunks that fit ``KEPT_LOGITS_ELEMENTS`` are kept from forward: backward
+    computes the logits of the other chunks only."""
+    monkeypatch.setattr(chunked, "KEPT_LOGITS_ELEMENTS", kept)
+    z = torch.randn(40, 6, requires_grad=True)
+    weight = torch.randn(50, 6, requires_grad=True)
+    got = chunked_logsumexp(z, weight, torch.zeros(50), chunk_size=13)  # chunks 13 13 13 11
+    calls = []
+    original = chunked.chunk_logits
+    monkeypatch.setattr(
+        chunked, "chunk_logits", lambda *a, **k: calls.append(a[3:5]) or original(*a, **k)
+    )
+    got.sum().backward()
+    assert len(calls) == recomputed
+    assert all(start >= chunked.kept_columns(40, 50, 13) for start, _ in calls)
 
 
 def test_a_row_with_no_candidate_left_gives_minus_infinity_and_no_gradient():
