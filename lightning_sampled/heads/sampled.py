@@ -13,8 +13,8 @@ section "The sampled-softmax estimator and the default configuration", not here.
 
 The price is a ``[T, U]`` product over the ``U`` distinct targets of the batch's ``T``
 positions, which grows with the batch (``benchmarks/results/default_cost.md``: on a CPU, pooled
-(:meth:`SampledSoftmaxHead.pooled`), the head's step alone cost 2.2x the plain head's at
-MovieLens-1M's batch and 6.7x at a 1M-item recommender's, whose plain head draws 20).
+(:meth:`SampledSoftmaxHead.pooled`), the head's step alone cost 2.0x the plain head's at
+MovieLens-1M's batch and 5.9x at a 1M-item recommender's, whose plain head draws 20).
 ``max_in_batch_draws=K`` bounds it: each row draws ``K`` of the other positions at random, with
 replacement, and their targets are its in-batch candidates,
 corrected like sampled draws by ``log(M q + K q_b)`` (``K`` draws per query instead of ``T - 1``,
@@ -237,9 +237,9 @@ class SampledSoftmaxHead(ProposalHead):
             consecutive rows shares its ``K`` draws (from the scored positions outside the
             group), scored by one ``[g, D] x [D, K]`` product per group instead of ``K``
             gathered vectors per row; the draws' noise then averages over the batch's
-            ``T / g`` groups instead of its ``T`` rows (at ``K = 256`` and ``g = 32``, 1.45x the
-            plain head's step at MovieLens-1M's batch and 2.5x at a 1M-item recommender's, below
-            the unbounded default's 2.2x and 6.7x: ``benchmarks/results/default_cost.md``). 1
+            ``T / g`` groups instead of its ``T`` rows (at ``K = 256`` and ``g = 32``, 1.26x the
+            plain head's step at MovieLens-1M's batch and 2.1x at a 1M-item recommender's, below
+            the unbounded default's 2.0x and 5.9x: ``benchmarks/results/default_cost.md``). 1
             (the default): every row its own. Where the batch has no more than ``g`` positions,
             every other position's target.
         **options: ``sparse_grad`` of :class:`ProposalHead`; ``weight``, ``bias``,
