@@ -19,6 +19,11 @@ steps, on the recipe's first 10,000 validation tokens; perplexity over the whole
 NDCG@10 over all 3,706 items with the user's history excluded) and tests the best validation's
 checkpoint, as ``recipes.compare`` does.
 
+Outside the grid (``--tasks tower1m``, issue 51): ``tower1m``, SASRec over 1,000,000 synthetic
+items whose vectors come from a candidate tower over the items' features
+(``recipes/configs/sasrec_synthetic-1m-tower.yaml``, :mod:`recipes.towers`), 3 epochs of 391
+steps validated every 195 steps over all 1M items (the first 2,000 users), 20 negatives.
+
 The recipes' models, heads, samplers, callbacks (``IndexRefresh``) and optimizer are used as they
 are; the Trainer is a bare one (no logger, progress bar or early stopping) in fp32. Two
 departures from the recipes' data modules, which need Hugging Face ``datasets`` (absent on the
@@ -101,7 +106,20 @@ TASKS = {
         "metric": "ppl",
         "val_every": 500,
     },
+    # issue 51's 1M-item task: SASRec whose item vectors come from a candidate tower over the
+    # synthetic items' features; not in the grid (GRID_TASKS), trained with --tasks tower1m
+    "tower1m": {
+        "config": "sasrec_synthetic-1m-tower.yaml",
+        "epochs": 3,
+        "negatives": 20,
+        "metric": "ndcg@10",
+        "val_every": 195,  # half an epoch of 391 steps: marks at 195, 390, ..., 1,170
+    },
 }
+#: the tasks of issue 31's grid: the default of --tasks
+GRID_TASKS = ("ptb", "sasrec", "gru4rec", "gcide")
+#: the prepared file of each recommender task (:func:`prepare`)
+SEQUENCE_FILES = {"sasrec": "ml-1m.pt", "gru4rec": "ml-1m.pt", "tower1m": "tower1m.pt"}
 #: GCIDE's training prefix, in steps of the recipe's 32 x 35 tokens
 GCIDE_STEPS = 2000
 #: shared uniform draws that match the default's candidates per position on GCIDE: its 20 draws
@@ -193,14 +211,15 @@ RELATIVE_TOLERANCE = 0.03
 
 # ----------------------------------------------------------------------------------------- data
 def prepare(
-    out: Path, tasks: Iterable[str] = tuple(TASKS), gcide_steps: int | None = GCIDE_STEPS
+    out: Path, tasks: Iterable[str] = GRID_TASKS, gcide_steps: int | None = GCIDE_STEPS
 ) -> dict[str, Any]:
     """Writes, for the ``tasks`` given, ``ptb.pt`` (the three token streams and the training
     counts) and ``ml-1m.pt`` (training windows, validation and test histories and targets,
-    counts) as int16 tensors, and ``gcide.pt`` (int32: the first ``gcide_steps`` training
-    windows' tokens, the whole training split when ``None``, the recipe's ``max_eval_tokens`` of
-    validation and test, the whole training split's counts), from the recipes' data modules
-    (``datasets`` needed; GCIDE fetched on first use)."""
+    counts) as int16 tensors, ``tower1m.pt`` (the same, int32, and the items' features), and
+    ``gcide.pt`` (int32: the first ``gcide_steps`` training windows' tokens, the whole training
+    split when ``None``, the recipe's ``max_eval_tokens`` of validation and test, the whole
+    training split's counts), from the recipes' data modules (``datasets`` needed; GCIDE
+    fetched on first use)."""
     out.mkdir(parents=True, exist_ok=True)
     tasks = set(tasks)
     written = []
@@ -208,6 +227,8 @@ def prepare(
         written.append(prepare_ptb(out))
     if tasks & {"sasrec", "gru4rec"}:
         written.append(prepare_movielens(out))
+    if "tower1m" in tasks:
+        written.append(prepare_tower(out))
     if "gcide" in tasks:
         written.append(prepare_gcide(out, gcide_steps))
     return {name: (out / name).stat().st_size for name in written}
@@ -226,25 +247,48 @@ def prepare_ptb(out: Path) -> str:
 
 def prepare_movielens(out: Path) -> str:
     """``ml-1m.pt`` (:func:`prepare`)."""
-    from recipes.data.movielens import MovieLens, training_windows
+    from recipes.data.movielens import MovieLens
 
     args = recipe("sasrec_ml-1m.yaml")["data"]["init_args"]
     ml = MovieLens(variant=args["variant"], max_len=args["max_len"])
-    inputs, targets = training_windows(ml.splits["train"]["items"], ml.max_len)
-    movielens: dict[str, Any] = {
-        "num_classes": ml.num_classes,
-        "counts": torch.tensor(ml.class_counts),
-        "train_input": inputs.short(),
-        "train_target": targets.short(),
+    torch.save(sequences_of(ml, torch.int16), out / "ml-1m.pt")
+    return "ml-1m.pt"
+
+
+def prepare_tower(out: Path) -> str:
+    """``tower1m.pt`` (:func:`prepare`): the synthetic sequences and the items' features
+    (``dense``, ``category``: :class:`~recipes.towers.ItemFeatures`)."""
+    from recipes.data.synthetic import SyntheticSequences
+
+    data = SyntheticSequences(**recipe(TASKS["tower1m"]["config"])["data"]["init_args"])
+    features = data.item_features
+    arrays = sequences_of(data, torch.int32)
+    torch.save(
+        {**arrays, "dense": features.dense, "category": features.category}, out / "tower1m.pt"
+    )
+    return "tower1m.pt"
+
+
+def sequences_of(data: Any, dtype: torch.dtype) -> dict[str, Any]:
+    """A ``recipes.data.MovieLens``-like module's training windows, validation and test
+    histories (concatenated, with their lengths) and targets, and training counts, ids as
+    ``dtype``."""
+    from recipes.data.movielens import training_windows
+
+    inputs, targets = training_windows(data.splits["train"]["items"], data.max_len)
+    arrays: dict[str, Any] = {
+        "num_classes": data.num_classes,
+        "counts": torch.tensor(data.class_counts),
+        "train_input": inputs.to(dtype),
+        "train_target": targets.to(dtype),
     }
     for split in ("validation", "test"):
-        rows = ml.splits[split]
-        histories = [torch.tensor(h, dtype=torch.int16) for h in rows["history"]]
-        movielens[f"{split}_history"] = torch.cat(histories)
-        movielens[f"{split}_lengths"] = torch.tensor([h.numel() for h in histories])
-        movielens[f"{split}_target"] = torch.tensor(rows["target"])
-    torch.save(movielens, out / "ml-1m.pt")
-    return "ml-1m.pt"
+        rows = data.splits[split]
+        histories = [torch.tensor(h, dtype=dtype) for h in rows["history"]]
+        arrays[f"{split}_history"] = torch.cat(histories)
+        arrays[f"{split}_lengths"] = torch.tensor([h.numel() for h in histories])
+        arrays[f"{split}_target"] = torch.tensor(rows["target"])
+    return arrays
 
 
 def prepare_gcide(out: Path, steps: int | None = GCIDE_STEPS) -> str:
@@ -303,13 +347,16 @@ def history_batches(
 
 @dataclass
 class TaskData:
-    """One task's batches on its device: ``train(seed)`` a fresh training loader per run."""
+    """One task's batches on its device: ``train(seed)`` a fresh training loader per run;
+    ``features`` the items' (``recipes.towers.ItemFeatures``) where the task's model has an
+    item tower."""
 
     num_classes: int
     counts: list[int]
     train: Callable[[int], DataLoader]
     validation: list[dict[str, Tensor]]
     test: list[dict[str, Tensor]]
+    features: Any = None
 
 
 @cache
@@ -330,7 +377,7 @@ def load_task(data_dir: str, task: str, device_name: str, tiny: bool) -> TaskDat
         def loader(seed: int) -> DataLoader:
             return DataLoader(train, batch_size=None)  # in order, as the recipe
     else:
-        data = torch.load(Path(data_dir) / "ml-1m.pt", weights_only=True)
+        data = torch.load(Path(data_dir) / SEQUENCE_FILES[task], weights_only=True)
         table = {
             "input": data["train_input"].long().to(device),
             "target": data["train_target"].long().to(device),
@@ -354,7 +401,14 @@ def load_task(data_dir: str, task: str, device_name: str, tiny: bool) -> TaskDat
 
     if tiny:
         evaluation = {k: v[:2] for k, v in evaluation.items()}
-    return TaskData(int(data["num_classes"]), data["counts"].tolist(), loader, **evaluation)
+    features = None
+    if "dense" in data:
+        from recipes.towers import ItemFeatures
+
+        features = ItemFeatures(data["dense"], data["category"])
+    return TaskData(
+        int(data["num_classes"]), data["counts"].tolist(), loader, **evaluation, features=features
+    )
 
 
 # ----------------------------------------------------------------------------------------- runs
@@ -535,9 +589,16 @@ def build_model(run: Run, data: TaskData, m: Method) -> L.LightningModule:
     config = recipe(TASKS[run.task]["config"])
     L.seed_everything(run.seed, verbose=False)
     model_args = {k: v for k, v in config["model"]["init_args"].items() if k != "head"}
-    return class_from(config["model"]["class_path"])(
+    if "item_tower" in model_args:
+        from recipes.towers import TowerSpec
+
+        model_args["item_tower"] = TowerSpec(**model_args["item_tower"])
+    model = class_from(config["model"]["class_path"])(
         data.num_classes, head=m.head, sampler=m.sampler, class_counts=data.counts, **model_args
     )
+    if getattr(model, "item_tower", None) is not None:  # no data module to load them at setup
+        model.item_tower.load(data.features)
+    return model
 
 
 def train(
@@ -567,6 +628,8 @@ def train(
             max_steps=-1 if schedule.max_steps is None else schedule.max_steps,
             limit_train_batches=4 if tiny else None,
             val_check_interval=None if tiny else val_every,
+            # marks every val_every steps of the whole run, not of each epoch
+            check_val_every_n_epoch=None if val_every and not tiny else 1,
             gradient_clip_val=config["trainer"].get("gradient_clip_val"),
             callbacks=[best, values, *marks, *m.make_callbacks()],
             logger=False,
@@ -654,7 +717,8 @@ def length(task: str) -> str:
     """How long a task trains, in words."""
     if task == "gcide":
         return f"{GCIDE_STEPS:,} steps, validated every {TASKS[task]['val_every']}"
-    return f"{TASKS[task]['epochs']} epochs"
+    every = TASKS[task].get("val_every")
+    return f"{TASKS[task]['epochs']} epochs" + (f", validated every {every} steps" if every else "")
 
 
 def header(rows: list[dict], tiny: bool) -> list[str]:
@@ -830,7 +894,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--report", action="store_true", help="only rewrite the report from OUT's CSV"
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=list(GRID_TASKS),
+        choices=list(TASKS),
+        help="the grid's tasks by default; tower1m is issue 51's 1M-item task",
+    )
     parser.add_argument(
         "--conventions", nargs="+", default=list(CONVENTIONS), choices=list(CONFIGURATIONS)
     )

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .module import LanguageModel, SequentialRecommender
+from .towers import ItemTower, TowerSpec
 
 
 def item_embedding(num_items: int, dim: int) -> nn.Embedding:
@@ -23,25 +24,76 @@ def item_embedding(num_items: int, dim: int) -> nn.Embedding:
 class TiedRecommender(SequentialRecommender):
     """A recommender whose head is tied to its item embedding ``item_emb``, or, for a head built
     with ``sharded: true``, owns the item table and looks the inputs up itself (``head.embed``,
-    a collective over the ranks that hold the rows; ``item_emb`` is then ``None``)."""
+    a collective over the ranks that hold the rows; ``item_emb`` is then ``None``), or, with
+    ``item_tower``, computes every item vector, inputs' and candidates', from item features
+    (:class:`~recipes.towers.ItemTower`, the head's ``candidate_encoder``; the data module's
+    ``item_features`` are loaded at setup).
+
+    Args:
+        item_tower: the tower's sizes, or ``None`` for a table of items.
+        **kwargs: of :class:`SequentialRecommender`.
+    """
 
     item_emb: nn.Embedding | None
+    item_tower: ItemTower | None
+
+    def __init__(self, *args: Any, item_tower: TowerSpec | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if item_tower is not None and self.shards_table():
+            raise ValueError("item_tower computes the item vectors: the head cannot be sharded")
+        self.tower_spec = item_tower
 
     def new_item_embedding(self, dim: int) -> nn.Embedding | None:
-        """The item embedding, or ``None`` where the head will own a sharded table."""
-        return None if self.shards_table() else item_embedding(self.num_classes, dim)
+        """The item embedding, or ``None`` where the head will own a sharded table or a tower
+        gives the vectors (then built here as ``item_tower``)."""
+        spec = self.tower_spec
+        self.item_tower = (
+            None
+            if spec is None
+            else ItemTower(
+                self.num_classes,
+                dim,
+                spec.feature_dim,
+                spec.num_categories,
+                self.class_counts,
+                spec.num_buckets,
+            )
+        )
+        if self.shards_table() or spec is not None:
+            return None
+        return item_embedding(self.num_classes, dim)
 
     def tie_head(self, dim: int) -> None:
         """Builds the head, tied to ``item_emb`` (its lookup row-sparse with a
-        ``sparse_grad`` head) or owning the sharded table, initialised as ``item_emb`` is."""
-        if self.item_emb is None:  # created at the split (ShardedTables), N(0, 1 / D) too
+        ``sparse_grad`` head), scoring ``item_tower``'s vectors, or owning the sharded table,
+        initialised as ``item_emb`` is."""
+        if self.item_tower is not None:
+            self.head = self.build_head(dim, candidate_encoder=self.item_tower)
+        elif self.item_emb is None:  # created at the split (ShardedTables), N(0, 1 / D) too
             self.head = self.build_head(dim, init_std=dim**-0.5)
         else:
             self.head = self.build_head(dim, self.item_emb.weight)
             self.sparse_lookup(self.item_emb)
 
+    def setup(self, stage: str) -> None:
+        """Loads the data module's ``item_features`` into the tower, if there is one (a caller
+        that trains without a data module loads them itself: ``item_tower.load``)."""
+        super().setup(stage)
+        if self.item_tower is None:
+            return
+        features = getattr(self.trainer.datamodule, "item_features", None)
+        if features is not None:
+            self.item_tower.load(features)
+        elif not self.item_tower.loaded:
+            raise ValueError(
+                f"item_tower needs item features: {type(self.trainer.datamodule).__name__} has "
+                f"no item_features and none were loaded (item_tower.load)"
+            )
+
     def items(self, ids: Tensor) -> Tensor:
-        """Item vectors ``[*ids.shape, D]`` (the padding item 0: zeros)."""
+        """Item vectors ``[*ids.shape, D]`` (the padding item 0: zeros, or the tower's)."""
+        if self.item_tower is not None:
+            return self.item_tower(ids)
         return self.head.embed(ids) if self.item_emb is None else self.item_emb(ids)
 
 
@@ -119,8 +171,11 @@ class GRU4Rec(TiedRecommender):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        if not tie_weights and self.shards_table():
-            raise ValueError("a sharded head needs tie_weights=True (it owns the item table)")
+        if not tie_weights and (self.shards_table() or self.tower_spec is not None):
+            raise ValueError(
+                "a sharded head or an item_tower needs tie_weights=True (one source of item "
+                "vectors for the inputs and the head)"
+            )
         self.item_emb = self.new_item_embedding(dim)
         self.dropout = nn.Dropout(dropout)
         self.gru = nn.GRU(dim, dim, num_layers, batch_first=True)

@@ -39,3 +39,29 @@ def tiny_head(name: str, num_classes: int, dim: int, **options: Any) -> OutputHe
         sampler_options=shrunk(config.sampler_factory, TINY_SAMPLER),
         **{**shrunk(config.head_factory, TINY_HEAD), **options},
     )
+
+
+def synthetic_cli(config: str, head: str, tmp_path: Any, sizes: dict[str, int], *extra: str):
+    """``recipes/configs/<config>`` with ``heads/<head>.yaml``, its synthetic data shrunk to
+    ``sizes`` (inputs of 10 items, cached under ``tmp_path``), two training steps and a
+    validation (``fast_dev_run``), built but not run."""
+    from pathlib import Path
+
+    from recipes.cli import main
+
+    configs = Path(__file__).parents[1] / "recipes" / "configs"
+    return main(
+        [
+            f"--config={configs / config}",
+            f"--config={configs / 'heads' / f'{head}.yaml'}",
+            *(f"--data.init_args.{k}={v}" for k, v in sizes.items()),
+            "--data.init_args.max_len=10",
+            f"--data.init_args.cache_dir={tmp_path / 'cache'}",
+            "--trainer.fast_dev_run=2",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            *extra,
+        ],
+        run=False,
+    )

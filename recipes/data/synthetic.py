@@ -27,6 +27,7 @@ splits as Arrow, keyed by every generation argument.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import lightning as L
@@ -35,6 +36,7 @@ import pyarrow.compute as pc
 import torch
 from datasets import DatasetDict
 
+from ..towers import ItemFeatures
 from .base import cached, default_cache_dir
 from .movielens import MovieLens, leave_one_out
 
@@ -111,14 +113,9 @@ class World:
     neighbors: np.ndarray
 
 
-def generate(spec: SyntheticSpec) -> tuple[np.ndarray, World]:
-    """Draws the world and every user's sequence (deterministic in ``spec.seed``).
-
-    Returns:
-        ``(sequences, world)``: ``sequences`` int64 ``[num_users, seq_len]`` item ids in
-        ``1..num_items``, distinct within a row, in time order.
-    """
-    rng = np.random.default_rng(spec.seed)
+def draw_world(spec: SyntheticSpec, rng: np.random.Generator) -> World:
+    """Steps 1 and 2 of the module docstring: item vectors, clusters, popularity and the cluster
+    graph, drawn from ``rng`` (which :func:`generate` then goes on drawing the users from)."""
     n, c, d = spec.num_items, spec.num_clusters, spec.latent_dim
     centres = rng.standard_normal((c, d), dtype=np.float32) / np.sqrt(d)
     cluster = np.concatenate([[-1], rng.integers(c, size=n)])
@@ -128,15 +125,52 @@ def generate(spec: SyntheticSpec) -> tuple[np.ndarray, World]:
     popularity = np.zeros(n + 1)
     popularity[1:] = (1.0 + rng.permutation(n)) ** -spec.zipf
     popularity /= popularity.sum()
+    layout = ClusterLayout.of(cluster, popularity, c)
+    neighbors = draw_clusters(rng, layout.cdf, (c, spec.num_neighbors))
+    return World(vectors, cluster, popularity, neighbors)
 
-    # items sorted by cluster, with cumulative popularity, to draw within a cluster by popularity
-    order = np.argsort(cluster[1:], kind="stable") + 1
-    offsets = np.searchsorted(cluster[order], np.arange(c + 1))
-    cum = np.concatenate([[0.0], np.cumsum(popularity[order])])
-    cluster_pop = cum[offsets[1:]] - cum[offsets[:-1]]
-    cluster_cdf = np.cumsum(cluster_pop) / cluster_pop.sum()
-    neighbors = draw_clusters(rng, cluster_cdf, (c, spec.num_neighbors))
-    world = World(vectors, cluster, popularity, neighbors)
+
+@dataclass
+class ClusterLayout:
+    """The items sorted by cluster, to draw within a cluster by popularity: ``order`` ``[N]`` item
+    ids, cluster ``k``'s at ``order[offsets[k]:offsets[k + 1]]``; ``cum`` ``[N + 1]`` their
+    cumulative popularity; ``mass`` ``[C]`` each cluster's popularity and ``cdf`` ``[C]`` its
+    cumulative share."""
+
+    order: np.ndarray
+    offsets: np.ndarray
+    cum: np.ndarray
+    mass: np.ndarray
+    cdf: np.ndarray
+
+    @classmethod
+    def of(cls, cluster: np.ndarray, popularity: np.ndarray, num_clusters: int) -> ClusterLayout:
+        """From :class:`World`'s ``cluster`` and ``popularity`` ``[N + 1]`` (row 0 padding)."""
+        order = np.argsort(cluster[1:], kind="stable") + 1
+        offsets = np.searchsorted(cluster[order], np.arange(num_clusters + 1))
+        cum = np.concatenate([[0.0], np.cumsum(popularity[order])])
+        mass = cum[offsets[1:]] - cum[offsets[:-1]]
+        return cls(order, offsets, cum, mass, np.cumsum(mass) / mass.sum())
+
+
+def generate(spec: SyntheticSpec) -> tuple[np.ndarray, World]:
+    """Draws the world and every user's sequence (deterministic in ``spec.seed``).
+
+    Returns:
+        ``(sequences, world)``: ``sequences`` int64 ``[num_users, seq_len]`` item ids in
+        ``1..num_items``, distinct within a row, in time order.
+    """
+    rng = np.random.default_rng(spec.seed)
+    world = draw_world(spec, rng)
+    n, cluster, vectors, neighbors = spec.num_items, world.cluster, world.vectors, world.neighbors
+    layout = ClusterLayout.of(cluster, world.popularity, spec.num_clusters)
+    order, offsets, cum, cluster_pop, cluster_cdf = (
+        layout.order,
+        layout.offsets,
+        layout.cum,
+        layout.mass,
+        layout.cdf,
+    )
 
     def in_cluster(clusters: np.ndarray, size: int) -> np.ndarray:
         """``[U, size]`` items of each row's cluster, drawn by popularity."""
@@ -227,6 +261,8 @@ class SyntheticSequences(MovieLens):
         cache_dir: where the Arrow splits are saved (default
             :func:`~recipes.data.base.default_cache_dir`).
         num_workers: DataLoader workers.
+        feature_noise: the noise of the items' observed features (:attr:`item_features`): each
+            item's latent vector plus ``feature_noise * N(0, I / latent_dim)``.
         **world: further generation arguments of :class:`SyntheticSpec` (``latent_dim``,
             ``noise``, ``temperature``, ``window``, ``stay``, ``jump``, ``num_neighbors``,
             ``num_candidates``), for Python callers (a YAML config sets only the named ones).
@@ -247,6 +283,7 @@ class SyntheticSequences(MovieLens):
         exclude_seen: bool = True,
         cache_dir: str | None = None,
         num_workers: int = 0,
+        feature_noise: float = 0.5,
         **world: float,
     ) -> None:
         L.LightningDataModule.__init__(self)  # MovieLens's loading is replaced, its loaders kept
@@ -264,6 +301,9 @@ class SyntheticSequences(MovieLens):
             check_int(name, value, 1)
         if max_eval_users is not None:
             check_int("max_eval_users", max_eval_users, 1)
+        if not np.isfinite(feature_noise) or feature_noise < 0:
+            raise ValueError(f"feature_noise must be a finite number >= 0, got {feature_noise!r}")
+        self.feature_noise = feature_noise
         self.max_len = max_len
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
@@ -281,6 +321,24 @@ class SyntheticSequences(MovieLens):
                 rows = min(max_eval_users, len(self.splits[split]))
                 self.splits[split] = self.splits[split].select(range(rows))
         self._num_items = int(self.splits["train"].info.description)
+
+    @cached_property
+    def item_features(self) -> ItemFeatures:
+        """What a candidate tower may know of each item (:class:`~recipes.towers.ItemTower`):
+        ``dense`` ``[N + 1, latent_dim]``, the item's latent vector observed with
+        ``feature_noise`` (drawn from its own stream, ``seed`` and 1), and ``category``
+        ``[N + 1]``, its cluster (padding: zeros, category 0). Neither says how popular an item
+        is nor which clusters follow which: those are learnt from the sequences."""
+        world = draw_world(self.spec, np.random.default_rng(self.spec.seed))
+        rng = np.random.default_rng([self.spec.seed, 1])
+        d = self.spec.latent_dim
+        noise = rng.standard_normal(world.vectors.shape, dtype=np.float32)
+        dense = (world.vectors + np.float32(self.feature_noise / np.sqrt(d)) * noise).astype(
+            np.float32
+        )
+        dense[0] = 0
+        category = np.maximum(world.cluster, 0)
+        return ItemFeatures(torch.from_numpy(dense), torch.from_numpy(category).long())
 
     @property
     def class_counts(self) -> list[int]:

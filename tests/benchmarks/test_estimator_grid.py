@@ -15,19 +15,23 @@ from benchmarks.estimator_grid import (
     GCIDE_MATCHED,
     GCIDE_STEPS,
     REFERENCES,
+    SEQUENCE_FILES,
     MarkLog,
     Run,
     Schedule,
+    build_model,
     candidates_per_position,
     done_runs,
     history_batches,
     in_order,
+    load_task,
     method_of,
     parse_args,
     read_rows,
     report,
     run_label,
     runs,
+    sequences_of,
     summarize,
     write_rows,
 )
@@ -222,3 +226,32 @@ def test_the_log_names_each_run_as_planned():
         "sasrec cane seed 0",
         "sasrec uniform, per query corrected_all seed 0",
     ]
+
+
+def test_the_tower_task_carries_the_items_features_into_the_model(tmp_path):
+    """``tower1m`` (issue 51's 1M-item task, shrunk here): its prepared file round-trips the
+    synthetic module's windows, histories and features, and the model's tower scores them."""
+    from recipes import SyntheticSequences
+
+    small = {"num_items": 1_000, "num_users": 140, "seq_len": 12, "num_clusters": 20}
+    data = SyntheticSequences(**small, max_len=8, cache_dir=str(tmp_path / "cache"))
+    features = data.item_features
+    arrays = sequences_of(data, torch.int32)
+    torch.save(
+        {**arrays, "dense": features.dense, "category": features.category},
+        tmp_path / SEQUENCE_FILES["tower1m"],
+    )
+    task = load_task(str(tmp_path), "tower1m", "cpu", False)
+    assert task.num_classes == 1_001 and task.counts == data.class_counts
+    assert torch.equal(task.features.dense, features.dense)
+    assert [b["target"].tolist() for b in task.validation] == [data.splits["validation"]["target"]]
+    batch = next(iter(task.train(0)))
+    assert batch["input"].shape[1] == 8 and batch["input"].max() <= 1_000
+    run = Run("tower1m", "uniform", 0, False, "corrected_all+batch")
+    model = build_model(run, task, method_of(run))
+    assert model.item_tower.loaded and torch.equal(model.item_tower.dense_of, features.dense)
+    assert model.head.candidate_encoder is model.item_tower
+    loss = model.head(model.encode(batch["input"]), batch["target"])
+    loss.backward()
+    assert torch.isfinite(loss) and model.item_tower.category.weight.grad.abs().sum() > 0
+    assert "tower1m" not in parse_args(["--out", "o", "--data", "d"]).tasks  # not in the grid

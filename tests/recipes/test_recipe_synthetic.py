@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_configs import synthetic_cli
 
 from recipes import SyntheticSequences
-from recipes.cli import main
 from recipes.data.synthetic import SyntheticSpec, generate
 
 CONFIGS = Path(__file__).parents[2] / "recipes" / "configs"
@@ -132,21 +132,7 @@ def test_bad_arguments_name_the_argument(synthetic, kwargs, name):
 @pytest.mark.parametrize("head", ["full", "sparse_uniform", "sparse_midx_rq"])
 def test_config_fits_a_few_steps_on_a_small_catalogue(head, tmp_path):
     """``sasrec_synthetic-1m.yaml`` with its heads, shrunk to 1,000 items."""
-    small = [f"--data.init_args.{k}={v}" for k, v in {**SMALL, "num_users": 40}.items()]
-    cli = main(
-        [
-            f"--config={CONFIGS / 'sasrec_synthetic-1m.yaml'}",
-            f"--config={CONFIGS / 'heads' / f'{head}.yaml'}",
-            *small,
-            "--data.init_args.max_len=10",
-            f"--data.init_args.cache_dir={tmp_path / 'cache'}",
-            "--trainer.fast_dev_run=2",
-            "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false",
-            f"--trainer.default_root_dir={tmp_path}",
-        ],
-        run=False,
-    )
+    cli = synthetic_cli("sasrec_synthetic-1m.yaml", head, tmp_path, {**SMALL, "num_users": 40})
     assert cli.model.head.num_classes == 1_001
     assert cli.model.head.weight is cli.model.item_emb.weight
     assert cli.model.item_emb.sparse == (head != "full")
