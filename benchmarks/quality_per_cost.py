@@ -1,4 +1,5 @@
-"""Quality per step and cost per step, combined into time to quality (issue 51): GCIDE.
+"""Quality per step and cost per step, combined into time to quality (issue 51): GCIDE and a
+1M-item task (:data:`REPORTED`, one :class:`TaskReport` each).
 
 GCIDE (``recipes/configs/lstm_gcide.yaml``: a tied LSTM LM over 108,620 words, 32 x 35 tokens a
 step, whose batch covers 381.6 distinct targets on average, 0.35% of the vocabulary) trained by
@@ -37,6 +38,12 @@ Run (``MALLOC``: the allocator settings of :data:`ALLOCATOR`)::
     python -m benchmarks.quality_per_cost --collect RUN_OUT ...   # runs.csv from the runs' rows
     OMP_NUM_THREADS=1 $MALLOC python -m benchmarks.quality_per_cost --measure --data DATA
     python -m benchmarks.quality_per_cost --report
+
+The 1M-item task (:data:`TOWER`: ``estimator_grid``'s ``tower1m``, SASRec over 1,000,000
+synthetic items through a candidate tower, higher NDCG@10 is better) is run the same way with
+``--tasks tower1m`` (no allocator settings: its tower has no dense ``[N, D]`` gradient), curves
+in ``quality_per_cost/tower1m/curves/``, and ``--task tower1m`` for ``--collect`` and
+``--measure``; its Targets add issue 51's separation criteria (:func:`separation_targets`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +134,111 @@ NOT_SHOWN = (
     "no GPU column: the step costs are one CPU thread; a GPU's ranking of step costs can invert "
     "(the default's `[T, U]` product is cheap there)",
     "one learning rate (the recipe's, 0.002) for every head: no equal tuning budget yet",
-    "the 1M-item task, MovieLens-1M SASRec, PTB and the crossover in N of issue 51: not yet",
+    "MovieLens-1M SASRec, PTB and the crossover in N of issue 51: not yet",
     "TAPAS, CANE and One-vs-Each on GCIDE: not run here",
 )
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """One task's part of the report: its configurations (name -> the grid's run, and in words),
+    where its CSVs live under ``OUT`` (``folder``), and how its metric reads.
+
+    Attributes:
+        targets: the metric values whose time to reach the report tabulates.
+        digits: decimals of the metric in the tables.
+    """
+
+    key: str
+    title: str
+    runs: dict[str, Run]
+    labels: dict[str, str]
+    epoch_steps: int
+    higher_is_better: bool
+    metric: str
+    targets: tuple[float, ...]
+    digits: int
+    folder: str
+    plot_name: str
+    lines: tuple[str, ...]
+    reference: str
+    not_shown: tuple[str, ...]
+
+
+GCIDE = TaskReport(
+    key="gcide",
+    title="GCIDE",
+    runs=RUNS,
+    labels=LABELS,
+    epoch_steps=EPOCH_STEPS,
+    higher_is_better=False,
+    metric="ppl",
+    targets=PPL_TARGETS,
+    digits=2,
+    folder="",
+    plot_name="gcide_val_ppl.png",
+    lines=(
+        "task: GCIDE, `recipes/configs/lstm_gcide.yaml` (tied LSTM LM, D = 256, LazyAdam lr "
+        "0.002, clip 0.25), 108,620 words, 32 x 35 = 1,120 tokens a step; the whole training "
+        f"split in the recipe's order, {EPOCH_STEPS:,} steps = one epoch; validation: exact "
+        "perplexity over all 108,620 words on the first 10,000 validation tokens at every mark",
+        "allocator: runs and step costs under " + ALLOCATOR,
+    ),
+    reference=FULL_REFERENCE,
+    not_shown=NOT_SHOWN,
+)
+#: tower1m's training steps in one epoch (50,000 users' windows in batches of 128)
+TOWER_EPOCH_STEPS = 391
+#: the most-popular ranking's NDCG@10 on tower1m's data (the same 2,000 users and items as
+#: ``sasrec_synthetic-1m.yaml``'s: ``recipes/results/synthetic_1m.md``), validation and test
+POPULARITY_NDCG = {"val": 0.0315, "test": 0.0395}
+TOWER = TaskReport(
+    key="tower1m",
+    title="1M items through a candidate tower",
+    runs={
+        "default_uniform": Run("tower1m", "uniform", 0, False, "corrected_all+batch"),
+        "plain_uniform": Run("tower1m", "uniform", 0, False, "corrected_all"),
+        "plain_midx": Run("tower1m", "midx_rq", 0, False, "corrected_all"),
+        "grouped_uniform": Run("tower1m", "uniform", 0, False, "corrected_all+rows256g32"),
+    },
+    labels={
+        "default_uniform": LABELS["default_uniform"],
+        "plain_uniform": LABELS["plain_uniform"],
+        "plain_midx": LABELS["plain_midx"],
+        "grouped_uniform": LABELS["grouped_uniform"],
+    },
+    epoch_steps=TOWER_EPOCH_STEPS,
+    higher_is_better=True,
+    metric="NDCG@10",
+    targets=(0.04, 0.06, 0.08, 0.10, 0.12),
+    digits=4,
+    folder="tower1m",
+    plot_name="tower1m_val_ndcg.png",
+    lines=(
+        "task: `tower1m` of `benchmarks.estimator_grid`: "
+        "`recipes/configs/sasrec_synthetic-1m-tower.yaml`, SASRec (D = 64, 2 blocks, LazyAdam "
+        "lr 0.001) over 1,000,000 synthetic items whose vectors, the inputs' and the "
+        "candidates', come from a candidate tower (`recipes.towers.ItemTower`: each item's "
+        "noisy latent vector, its cluster and its training-count bucket); 50,000 users, "
+        f"batches of 128 windows of up to 49 targets (about 6,270 positions), "
+        f"{TOWER_EPOCH_STEPS} steps = one epoch, 3 epochs; validation: exact NDCG@10 over all "
+        "1M items (each user's history excluded) for the first 2,000 users, every 195 steps",
+        "popularity ranking (most popular unseen items, `recipes/results/synthetic_1m.md`): "
+        f"val NDCG@10 {POPULARITY_NDCG['val']}, test {POPULARITY_NDCG['test']}; the "
+        "generator's own next-item distribution: val 0.1585, test 0.1591",
+    ),
+    reference=(
+        "no full-softmax run: its step scores 6,270 x 1M products (about 156 s a step on this "
+        "CPU with the table model, `recipes/results/synthetic_1m.md`)"
+    ),
+    not_shown=(
+        "no GPU column: the step costs are one CPU thread",
+        "one learning rate (the recipe's, 0.001) for every head: no equal tuning budget yet",
+        "no full-softmax reference (the exact head is about 200x a sampled step here)",
+    ),
+)
+#: every task of the report, in its order
+REPORTED = {task.key: task for task in (GCIDE, TOWER)}
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -153,19 +263,25 @@ def read_csv(path: Path) -> list[dict]:
 
 # ---------------------------------------------------------------------------------- step costs
 def measure(
-    names: Sequence[str], data_dir: str, rounds: int, steps: int, threads: int = 1
+    names: Sequence[str],
+    data_dir: str,
+    rounds: int,
+    steps: int,
+    threads: int = 1,
+    task: TaskReport = GCIDE,
 ) -> list[dict[str, Any]]:
-    """Every configuration's median training step (and index refresh), round-robin."""
+    """Every configuration's median training step (and index refresh), round-robin, at
+    ``task``'s shape."""
     common.set_threads(threads)
-    data = load_task(data_dir, "gcide", "cpu", False)
+    data = load_task(data_dir, task.key, "cpu", False)
     loader = iter(data.train(0))
     batches = [next(loader) for _ in range(1 + rounds * steps)]
     distinct = statistics.fmean(float(b["target"].unique().numel()) for b in batches)
-    clip = recipe(TASKS["gcide"]["config"])["trainer"].get("gradient_clip_val")  # by norm
+    clip = recipe(TASKS[task.key]["config"])["trainer"].get("gradient_clip_val")  # by norm
     with common.measured_load() as load:
         timed: dict[str, Timed] = {}
         for name in names:
-            run = RUNS[name]
+            run = task.runs[name]
             m = method_of(run)
             model = build_model(run, data, m).train()
             refresh = next((c for c in m.make_callbacks() if isinstance(c, IndexRefresh)), None)
@@ -195,9 +311,9 @@ def measure(
     return [
         {
             "name": name,
-            "configuration": RUNS[name].convention,
-            "proposal": RUNS[name].cell,
-            "candidates": round(candidates_per_position(RUNS[name], distinct), 1),
+            "configuration": task.runs[name].convention,
+            "proposal": task.runs[name].cell,
+            "candidates": round(candidates_per_position(task.runs[name], distinct), 1),
             "median_step_s": statistics.median(item.steps),
             "min_step_s": min(item.steps),
             "max_step_s": max(item.steps),
@@ -225,10 +341,10 @@ def write_step_costs(rows: Sequence[dict], out: Path = OUT, commit: str | None =
 
 
 # ------------------------------------------------------------------------------------ the report
-def seeds_by_name(out: Path) -> dict[str, dict[str, list[dict]]]:
+def seeds_by_name(out: Path, task: TaskReport = GCIDE) -> dict[str, dict[str, list[dict]]]:
     """Each configuration's runs by seed: ``out/curves/<name>.csv`` and ``<name>.s<k>.csv``
     (another seed of the same configuration), each run's marks in step order, values as
-    numbers."""
+    numbers, in ``task``'s order of configurations."""
     runs: dict[str, dict[str, list[dict]]] = {}
     for path in sorted((out / "curves").glob("*.csv")):
         points = [
@@ -238,7 +354,7 @@ def seeds_by_name(out: Path) -> dict[str, dict[str, list[dict]]]:
         if points:
             name = path.stem.split(".")[0]
             runs.setdefault(name, {})[points[0]["seed"]] = sorted(points, key=lambda p: p["step"])
-    order = list(RUNS)
+    order = list(task.runs)
     return dict(sorted(runs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))
 
 
@@ -260,7 +376,14 @@ def mean_curve(seeds: dict[str, list[dict]]) -> list[dict]:
     return marks
 
 
-def seed_targets(curves: dict[str, list[dict]], lead: float = 0.05, wanted: int = 3) -> list[str]:
+def shortfall(value: float, best: float, task: TaskReport) -> float:
+    """How much worse ``value`` is than ``best``, relative (0 for the best itself)."""
+    return 1.0 - value / best if task.higher_is_better else value / best - 1.0
+
+
+def seed_targets(
+    curves: dict[str, list[dict]], lead: float = 0.05, wanted: int = 3, task: TaskReport = GCIDE
+) -> list[str]:
     """Issue 51's seed rule at the last mark two configurations share: every configuration
     within ``lead`` of the best mean there has ``wanted`` seeds; one line each, "met" or "NOT
     met"."""
@@ -270,28 +393,70 @@ def seed_targets(curves: dict[str, list[dict]], lead: float = 0.05, wanted: int 
         return ["- seeds: no mark two configurations share"]
     mark = max(shared)
     values = {n: p for n, c in curves.items() for p in c if p["step"] == mark}
-    best = min(p["value"] for p in values.values())
+    best = (max if task.higher_is_better else min)(p["value"] for p in values.values())
     lines = []
     for name, point in values.items():
-        gap = point["value"] / best - 1.0
+        gap = shortfall(point["value"], best, task)
         if gap <= lead:
             verdict = "met" if point["seeds"] >= wanted else "NOT met"
+            word = "below" if task.higher_is_better else "above"
             lines.append(
-                f"- step {mark:,}: {LABELS.get(name, name)} is {100 * gap:.1f}% above the best "
-                f"mean ({point['value']:.2f} vs {best:.2f}): {point['seeds']} of {wanted} seeds: "
-                + verdict
+                f"- step {mark:,}: {task.labels.get(name, name)} is {100 * gap:.1f}% {word} the "
+                f"best mean ({point['value']:.{task.digits}f} vs {best:.{task.digits}f}): "
+                f"{point['seeds']} of {wanted} seeds: " + verdict
             )
     return lines
 
 
-def reach_s(curve: Sequence[dict], target: float, cost: dict | None) -> tuple[int, float] | None:
-    """``(step, seconds)``: the first mark at or below ``target`` and its training time from the
-    step cost (``None``: not reached, or no step cost)."""
-    point = first_reaching(curve, target, higher_is_better=False)
+def separation_targets(
+    curves: dict[str, list[dict]], task: TaskReport = TOWER, sds: float = 5.0
+) -> list[str]:
+    """Issue 51's two criteria for a 1M-item task that separates the heads, at the last mark
+    every configuration reached: the best mean at least twice the popularity ranking's
+    validation NDCG@10, and the best ahead of the plain uniform head by more than ``sds`` seed
+    standard deviations (the larger of the two configurations'; unknown with one seed)."""
+    if not curves:
+        return ["- separation: no runs yet"]
+    mark = min(c[-1]["step"] for c in curves.values())
+    at = {n: next((p for p in c if p["step"] == mark), None) for n, c in curves.items()}
+    at = {n: p for n, p in at.items() if p is not None}
+    name, best = max(at.items(), key=lambda kv: kv[1]["value"])
+    digits, label = task.digits, task.labels.get(name, name)
+    floor = 2 * POPULARITY_NDCG["val"]
+    verdict = "met" if best["value"] >= floor else "NOT met"
+    lines = [
+        f"- step {mark:,}: the best, {label}, has val NDCG@10 {best['value']:.{digits}f} "
+        f"against twice the popularity ranking's {floor:.{digits}f}: {verdict}"
+    ]
+    uniform = at.get("plain_uniform")
+    if uniform is None or name == "plain_uniform":
+        return [*lines, "- the best ahead of plain uniform by 5 seed sds: not measurable yet"]
+    gap = best["value"] - uniform["value"]
+    known = [p["sd"] for p in (best, uniform) if p["seeds"] > 1]
+    if not known:
+        return [*lines, f"- the best ahead of plain uniform by {gap:.{digits}f}: one seed each"]
+    sd = max(known)
+    verdict = "met" if gap > sds * sd else "NOT met"
+    if len(known) < 2:
+        verdict += " (one side has one seed: its sd is unknown)"
+    return [
+        *lines,
+        f"- the best ahead of plain uniform ({uniform['value']:.{digits}f}, "
+        f"{uniform['seeds']} seeds) by {gap:.{digits}f} = {gap / sd:.1f} seed sds "
+        f"(sd {sd:.{digits}f}), against {sds:g}: {verdict}",
+    ]
+
+
+def reach_s(
+    curve: Sequence[dict], target: float, cost: dict | None, task: TaskReport = GCIDE
+) -> tuple[int, float] | None:
+    """``(step, seconds)``: the first mark at least as good as ``target`` and its training time
+    from the step cost (``None``: not reached, or no step cost)."""
+    point = first_reaching(curve, target, higher_is_better=task.higher_is_better)
     if point is None or cost is None:
         return None
     schedule = json.loads(cost["schedule"]) if cost.get("schedule") else None
-    refreshes = refreshes_before(point["step"], EPOCH_STEPS, schedule)
+    refreshes = refreshes_before(point["step"], task.epoch_steps, schedule)
     seconds = training_seconds(
         point["step"], float(cost["median_step_s"]), refreshes, float(cost["refresh_s"])
     )
@@ -309,25 +474,40 @@ def grid_at_2000(grid_csv: Path = GRID_CSV) -> dict[tuple[str, str], float]:
 
 
 def report(out: Path = OUT, path: Path = REPORT, grid_csv: Path = GRID_CSV) -> Path:
-    """``quality_per_cost.md`` and ``out/gcide_val_ppl.png`` from ``out``'s CSVs."""
-    seeds = seeds_by_name(out)
+    """``quality_per_cost.md`` and a plot per task from ``out``'s CSVs (GCIDE's in ``out``,
+    each other task's in ``out/<folder>``)."""
+    lines = ["# Quality per step and cost per step (issue 51)", ""]
+    lines += [
+        "Generated by `python -m benchmarks.quality_per_cost --report` from the CSVs in "
+        "`benchmarks/results/quality_per_cost/`; do not edit. Method and commands: the module "
+        "docstring of `benchmarks/quality_per_cost.py`. Tasks: "
+        + ", ".join(task.title for task in REPORTED.values())
+        + ".",
+        "",
+    ]
+    for task in REPORTED.values():
+        folder = out / task.folder
+        if not seeds_by_name(folder, task):
+            lines += [f"## {task.title}", "", "No runs yet.", ""]
+            continue
+        lines += task_section(task, folder, out.name, grid_csv if task is GCIDE else None)
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path
+
+
+def task_section(task: TaskReport, out: Path, root: str, grid_csv: Path | None) -> list[str]:
+    """One task's part of the report (and its plot, ``out/<plot_name>``)."""
+    seeds = seeds_by_name(out, task)
     curves = {name: mean_curve(runs) for name, runs in seeds.items()}
     runs = {r["name"]: r for r in read_csv(out / "runs.csv")}
     costs = {r["name"]: r for r in read_csv(out / "step_cost.csv")}
     loads = read_csv(out / "load_during_runs.csv")
-    grid = grid_at_2000(grid_csv)
+    grid = grid_at_2000(grid_csv) if grid_csv is not None else {}
     points = [p for runs in seeds.values() for c in runs.values() for p in c]
     marks = sorted({p["step"] for p in points})
-    lines = ["# Quality per step and cost per step: GCIDE (issue 51)", ""]
+    lines = [f"## {task.title}", ""]
+    lines += [f"- {line}" for line in task.lines]
     lines += [
-        "Generated by `python -m benchmarks.quality_per_cost --report` from the CSVs in "
-        "`benchmarks/results/quality_per_cost/`; do not edit. Method and commands: the module "
-        "docstring of `benchmarks/quality_per_cost.py`.",
-        "",
-        "- task: GCIDE, `recipes/configs/lstm_gcide.yaml` (tied LSTM LM, D = 256, LazyAdam lr "
-        "0.002, clip 0.25), 108,620 words, 32 x 35 = 1,120 tokens a step; the whole training "
-        f"split in the recipe's order, {EPOCH_STEPS:,} steps = one epoch; validation: exact "
-        "perplexity over all 108,620 words on the first 10,000 validation tokens at every mark",
         "- seeds: " + ", ".join(sorted({p["seed"] for p in points})) + " (a configuration's "
         "marks are the mean over its seeds, ± their sample standard deviation where it has "
         "several); 20 drawn negatives per query unless named",
@@ -337,7 +517,6 @@ def report(out: Path = OUT, path: Path = REPORT, grid_csv: Path = GRID_CSV) -> P
         + ", ".join(sorted({p["commit"] for p in points}))
         + "; step costs "
         + (", ".join(sorted(_col(costs, "commit"))) or "not measured"),
-        "- allocator: runs and step costs under " + ALLOCATOR,
     ]
     if loads:
         load1 = [float(r["load1"]) for r in loads]
@@ -347,85 +526,119 @@ def report(out: Path = OUT, path: Path = REPORT, grid_csv: Path = GRID_CSV) -> P
             f"range {min(load1):.2f}-{max(load1):.2f} on 2 cores (two trainings, one thread "
             "each, beside other work)"
         )
-    lines += ["", "## Validation perplexity at each step mark", ""]
+    metric = "perplexity" if task.metric == "ppl" else task.metric
+    test = f"test {task.metric} (best mark)"
+    grid_column = " grid, step 2,000 (prefix) |" if grid_csv is not None else ""
+    lines += ["", f"### Validation {metric} at each step mark", ""]
     lines += [
         "| configuration | seeds | candidates / position | "
         + " | ".join(f"{s:,}" for s in marks)
-        + " | best mark | test ppl (best mark) | grid, step 2,000 (prefix) |",
-        "|---|---|---|" + "---|" * len(marks) + "---|---|---|",
+        + f" | best mark | {test} |{grid_column}",
+        "|---|---|---|" + "---|" * len(marks) + "---|---|" + ("---|" if grid_column else ""),
     ]
     for name, curve in curves.items():
         at = {p["step"]: p for p in curve}
-        best = min(curve, key=lambda p: p["value"])
-        run = RUNS.get(name)
-        previous = grid.get((run.cell, run.convention)) if run else None
-        test = runs.get(name, {}).get("test")
-        lines.append(
-            f"| {LABELS.get(name, name)} | {', '.join(sorted(seeds[name]))} | "
+        best = (max if task.higher_is_better else min)(curve, key=lambda p: p["value"])
+        tests = [float(r["test"]) for r in _runs_of(runs, name) if r.get("test")]
+        row = (
+            f"| {task.labels.get(name, name)} | {', '.join(sorted(seeds[name]))} | "
             f"{curve[-1]['candidates']} | "
-            + " | ".join(_mark(at[s]) if s in at else "—" for s in marks)
+            + " | ".join(_mark(at[s], task.digits) if s in at else "—" for s in marks)
             + f" | {best['step']:,} | "
-            + (f"{float(test):.2f}" if test else "— (run not finished)")
-            + f" | {f'{previous:.2f}' if previous is not None else '—'} |"
+            + (_values(tests, task.digits) if tests else "— (run not finished)")
+            + " |"
         )
+        if grid_csv is not None:
+            run = task.runs.get(name)
+            previous = grid.get((run.cell, run.convention)) if run else None
+            row += f" {f'{previous:.2f}' if previous is not None else '—'} |"
+        lines.append(row)
     lines += [
         "",
         "Candidates / position: the columns a position's softmax scores, its positive included "
         "(1 + M draws; with in-batch negatives M + the batch's distinct targets, mean over the "
-        "batches trained). Grid, step 2,000: the same configuration's validation at step 2,000 "
-        "in `estimator_grid.csv` (the first 2,000 windows laid out as their own 32 rows, so "
-        "different batches from these runs'). Reference: " + FULL_REFERENCE + ".",
+        "batches trained)."
+        + (
+            " Grid, step 2,000: the same configuration's validation at step 2,000 in "
+            "`estimator_grid.csv` (the first 2,000 windows laid out as their own 32 rows, so "
+            "different batches from these runs')."
+            if grid_csv is not None
+            else ""
+        )
+        + " Reference: "
+        + task.reference
+        + ".",
         "",
-        "![validation perplexity against steps](quality_per_cost/gcide_val_ppl.png)",
+        f"![validation {metric} against steps]({root}/{task.folder + '/' if task.folder else ''}"
+        f"{task.plot_name})",
         "",
     ]
-    lines += _cost_section(curves, costs)
-    lines += ["", "## Targets (issue 51)", "", *seed_targets(curves)]
-    lines += ["", "## What this does not show yet", ""]
-    untrained = [LABELS[n] for n in RUNS if n not in curves]
+    lines += _cost_section(curves, costs, task)
+    lines += ["", "### Targets (issue 51)", "", *seed_targets(curves, task=task)]
+    if task.higher_is_better:
+        lines += separation_targets(curves, task)
+    lines += ["", "### What this does not show yet", ""]
+    untrained = [task.labels[n] for n in task.runs if n not in curves]
     if untrained:
         lines.append(
             "- not trained in this round (the 2-core CPU's time ran out; their step costs are "
             "measured above where the table lists them): " + "; ".join(untrained)
         )
-    short = {n: c[-1]["step"] for n, c in curves.items() if c[-1]["step"] < EPOCH_STEPS}
+    total = task.epoch_steps * TASKS[task.key]["epochs"]
+    short = {n: c[-1]["step"] for n, c in curves.items() if c[-1]["step"] < total - 3}
     if short:
         lines.append(
-            f"- a whole epoch ({EPOCH_STEPS:,} steps): the runs stopped at "
-            + ", ".join(f"{LABELS.get(n, n)} step {s:,}" for n, s in short.items())
+            f"- the whole run ({total:,} steps): the runs stopped at "
+            + ", ".join(f"{task.labels.get(n, n)} step {s:,}" for n, s in short.items())
         )
     few = {n: len(r) for n, r in seeds.items() if len(r) < 3}
     if few:
         lines.append(
             "- fewer than 3 seeds: "
-            + ", ".join(f"{LABELS.get(n, n)} ({k})" for n, k in few.items())
+            + ", ".join(f"{task.labels.get(n, n)} ({k})" for n, k in few.items())
             + "; a gap between single-seed configurations of a few percent is not a finding"
         )
-    lines += [f"- {item}" for item in NOT_SHOWN]
-    path.write_text("\n".join(lines) + "\n")
-    plot(curves, seeds, out / "gcide_val_ppl.png")
-    return path
+    lines += [f"- {item}" for item in task.not_shown]
+    plot(curves, seeds, out / task.plot_name, task)
+    return [*lines, ""]
 
 
-def _mark(point: dict) -> str:
+def _runs_of(runs: dict[str, dict], name: str) -> list[dict]:
+    """The finished runs of configuration ``name`` (``runs.csv`` keys ``name`` and
+    ``name.s<k>``)."""
+    return [r for key, r in runs.items() if key.split(".")[0] == name and r.get("status") == "ok"]
+
+
+def _values(values: list[float], digits: int) -> str:
+    """Test values: one, or the mean ± sd and the count."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    return f"{mean:.{digits}f} ± {sd:.{digits}f} ({len(values)})"
+
+
+def _mark(point: dict, digits: int = 2) -> str:
     """A mark's cell: the mean, ± the seeds' standard deviation where there are several."""
     if point["seeds"] > 1:
-        return f"{point['value']:.2f} ± {point['sd']:.2f}"
-    return f"{point['value']:.2f}"
+        return f"{point['value']:.{digits}f} ± {point['sd']:.{digits}f}"
+    return f"{point['value']:.{digits}f}"
 
 
 def _col(rows: dict[str, dict], key: str) -> set[str]:
     return {r[key] for r in rows.values() if r.get(key)}
 
 
-def _cost_section(curves: dict[str, list[dict]], costs: dict[str, dict]) -> list[str]:
-    lines = ["## Step cost on this CPU (one thread) and time to a perplexity", ""]
+def _cost_section(
+    curves: dict[str, list[dict]], costs: dict[str, dict], task: TaskReport = GCIDE
+) -> list[str]:
+    word = "a perplexity" if task.metric == "ppl" else f"an {task.metric}"
+    lines = [f"### Step cost on this CPU (one thread) and time to {word}", ""]
     if not costs:
         return [*lines, "Not measured yet.", ""]
     first = next(iter(costs.values()))
     lines += [
-        f"Whole training step at GCIDE's shape, medians of {first['rounds']} interleaved rounds "
-        f"of steps; machine {first['machine']}, torch {first['torch']}, commit "
+        f"Whole training step at {task.title}'s shape, medians of {first['rounds']} interleaved "
+        f"rounds of steps; machine {first['machine']}, torch {first['torch']}, commit "
         f"{first['commit']}; load average (1, 5, 15 min) {first['load_start']} at the start and "
         f"{first['load_end']} at the end of the measurement.",
         "",
@@ -436,41 +649,48 @@ def _cost_section(curves: dict[str, list[dict]], costs: dict[str, dict]) -> list
     for name, cost in costs.items():
         schedule = json.loads(cost["schedule"]) if cost.get("schedule") else None
         epoch = training_seconds(
-            EPOCH_STEPS,
+            task.epoch_steps,
             float(cost["median_step_s"]),
-            refreshes_before(EPOCH_STEPS, EPOCH_STEPS, schedule),
+            refreshes_before(task.epoch_steps, task.epoch_steps, schedule),
             float(cost["refresh_s"]),
         )
         lines.append(
-            f"| {LABELS.get(name, name)} | {cost['candidates']} | "
+            f"| {task.labels.get(name, name)} | {cost['candidates']} | "
             f"{float(cost['median_step_s']):.3f} | {float(cost['min_step_s']):.3f}-"
             f"{float(cost['max_step_s']):.3f} | {float(cost['refresh_s']):.2f} | {epoch:,.0f} |"
         )
+    at_or = "at or above" if task.higher_is_better else "at or below"
+    sign = ">=" if task.higher_is_better else "<="
     lines += [
         "",
-        "Time to reach a validation perplexity: the first mark's step at or below it x the "
-        "median step + the index refreshes before it x their median; training only (validation "
-        "excluded), an upper bound at the marks' resolution, one CPU thread. `—`: not reached "
-        "by the last mark.",
+        f"Time to reach a validation {task.metric if task.metric != 'ppl' else 'perplexity'}: "
+        f"the first mark's step {at_or} it x the median step + the index refreshes before it x "
+        "their median; training only (validation excluded), an upper bound at the marks' "
+        "resolution, one CPU thread. `—`: not reached by the last mark.",
         "",
-        "| configuration | " + " | ".join(f"ppl <= {t:g}" for t in PPL_TARGETS) + " |",
-        "|---|" + "---|" * len(PPL_TARGETS),
+        "| configuration | "
+        + " | ".join(f"{task.metric} {sign} {t:g}" for t in task.targets)
+        + " |",
+        "|---|" + "---|" * len(task.targets),
     ]
     for name, curve in curves.items():
         cells = []
-        for target in PPL_TARGETS:
-            found = reach_s(curve, target, costs.get(name))
+        for target in task.targets:
+            found = reach_s(curve, target, costs.get(name), task)
             cells.append("—" if found is None else f"{found[1] / 60:.1f} min ({found[0]:,} steps)")
-        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {task.labels.get(name, name)} | " + " | ".join(cells) + " |")
     return lines
 
 
 def plot(
-    curves: dict[str, list[dict]], seeds: dict[str, dict[str, list[dict]]], path: Path
+    curves: dict[str, list[dict]],
+    seeds: dict[str, dict[str, list[dict]]],
+    path: Path,
+    task: TaskReport = GCIDE,
 ) -> None:
-    """Validation perplexity against steps (log y): per configuration its mean over the seeds
-    (``curves``, :func:`mean_curve`) as a line, each seed's marks (``seeds``) as faint
-    points."""
+    """Validation metric against steps (perplexity on a log scale): per configuration its mean
+    over the seeds (``curves``, :func:`mean_curve`) as a line, each seed's marks (``seeds``) as
+    faint points."""
     plt = common.pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -481,7 +701,7 @@ def plot(
             [p["value"] for p in curve],
             marker="o",
             color=f"C{i}",
-            label=f"{LABELS.get(name, name)} ({curve[-1]['candidates']} cand., "
+            label=f"{task.labels.get(name, name)} ({curve[-1]['candidates']} cand., "
             f"{len(runs)} seed{'s' if len(runs) > 1 else ''})",
         )
         if len(runs) > 1:
@@ -493,15 +713,22 @@ def plot(
                 color=f"C{i}",
                 alpha=0.4,
             )
-    ax.set_yscale("log")
-    ax.set_xlabel("training step (32 x 35 tokens)")
-    ax.set_ylabel("validation perplexity (exact, 108,620 words)")
     points = [p for runs in seeds.values() for run in runs.values() for p in run]
     last = max(p["step"] for p in points)
     names = ", ".join(sorted({p["seed"] for p in points}))
-    ax.set_title(
-        f"GCIDE, steps up to {last:,} of one epoch's {EPOCH_STEPS:,}; seeds {names} (lines: mean)"
-    )
+    if task is GCIDE:
+        ax.set_yscale("log")
+        ax.set_xlabel("training step (32 x 35 tokens)")
+        ax.set_ylabel("validation perplexity (exact, 108,620 words)")
+        ax.set_title(
+            f"GCIDE, steps up to {last:,} of one epoch's {EPOCH_STEPS:,}; seeds {names} "
+            "(lines: mean)"
+        )
+    else:
+        ax.axhline(POPULARITY_NDCG["val"], color="grey", linestyle="--", label="popularity")
+        ax.set_xlabel(f"training step ({task.epoch_steps} a epoch)")
+        ax.set_ylabel(f"validation {task.metric} (exact, all items)")
+        ax.set_title(f"{task.title}, steps up to {last:,}; seeds {names} (lines: mean)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -516,7 +743,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measure", action="store_true", help="time every configuration's step")
     parser.add_argument("--report", action="store_true", help="write the report from the CSVs")
     parser.add_argument("--data", help="the prepared data (estimator_grid --prepare)")
-    parser.add_argument("--names", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument(
+        "--task",
+        default="gcide",
+        choices=list(REPORTED),
+        help="the task whose runs --collect and --measure take (its CSVs in OUT/<folder>)",
+    )
+    parser.add_argument(
+        "--names",
+        nargs="+",
+        choices=sorted({n for t in REPORTED.values() for n in t.runs}),
+        help="the configurations to --measure (default: all of the task's)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="steps per block")
     common.add_threads_argument(parser)
@@ -525,17 +763,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.measure and not args.data:
         parser.error("--measure needs --data")
+    task = REPORTED[args.task]
+    args.names = args.names or list(task.runs)
+    unknown = [n for n in args.names if n not in task.runs]
+    if unknown:
+        parser.error(f"{args.task} has no configuration {', '.join(unknown)}")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    task = REPORTED[args.task]
+    folder = args.out / task.folder
     if args.collect:
-        print(f"collected {len(collect(args.collect, args.out))} rows")
+        print(f"collected {len(collect(args.collect, folder))} rows")
     if args.measure:
         start = time.perf_counter()
-        rows = measure(args.names, args.data, args.rounds, args.steps, args.threads)
-        path = write_step_costs(rows, args.out, args.commit)
+        rows = measure(args.names, args.data, args.rounds, args.steps, args.threads, task)
+        path = write_step_costs(rows, folder, args.commit)
         print(f"step costs in {path} ({time.perf_counter() - start:.0f} s)")
     if args.report or not (args.collect or args.measure):
         print(f"report: {report(args.out, args.out.parent / 'quality_per_cost.md')}")

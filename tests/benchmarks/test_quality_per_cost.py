@@ -12,11 +12,15 @@ import pytest
 from benchmarks.quality_per_cost import (
     EPOCH_STEPS,
     LABELS,
+    POPULARITY_NDCG,
     RUNS,
+    TOWER,
     collect,
+    mean_curve,
     parse_args,
     reach_s,
     report,
+    separation_targets,
 )
 
 STAMP = {"machine": "cpu x2", "torch": "2.13", "driver": "none", "commit": "abc1234"}
@@ -30,17 +34,18 @@ def write(path, rows):
         writer.writerows(rows)
 
 
-def curve(name, values, candidates, seed=0):
-    run = RUNS[name]
+def curve(name, values, candidates, seed=0, every=1000, task="gcide"):
+    """Fake marks every ``every`` steps of configuration ``name`` of ``task``."""
+    run = (RUNS if task == "gcide" else TOWER.runs)[name]
     return [
         {
-            "task": "gcide",
+            "task": task,
             "configuration": run.convention,
             "proposal": run.cell,
             "seed": seed,
-            "step": 1000 * (i + 1),
+            "step": every * (i + 1),
             "val": v,
-            "metric": "ppl",
+            "metric": "ppl" if task == "gcide" else "ndcg@10",
             "wall_s": 500.0 * (i + 1),
             "candidates": candidates,
             "distinct_targets": 381.6,
@@ -171,3 +176,51 @@ def test_measure_needs_data_and_every_run_is_a_gcide_seed_0_run():
     assert parse_args(["--measure", "--data", "d"]).names == list(RUNS)
     assert all(r.task == "gcide" and r.seed == 0 for r in RUNS.values())
     assert set(LABELS) == set(RUNS)
+
+
+def tower_curve(name, values, seed=0):
+    return curve(name, values, 21.0, seed, every=195, task="tower1m")
+
+
+def mean_of(name, *seeds):
+    return mean_curve({str(k): points(tower_curve(name, v, k)) for k, v in enumerate(seeds)})
+
+
+def points(rows):
+    return [{**r, "step": r["step"], "value": r["val"], "seed": str(r["seed"])} for r in rows]
+
+
+def test_separation_needs_twice_popularity_and_a_lead_of_five_seed_sds():
+    uniform = mean_of("plain_uniform", [0.05, 0.070], [0.05, 0.072], [0.05, 0.071])  # sd 0.001
+    far = mean_of("default_uniform", [0.06, 0.091], [0.06, 0.090], [0.06, 0.092])
+    lines = separation_targets({"plain_uniform": uniform, "default_uniform": far})
+    assert lines[0].endswith(
+        f"has val NDCG@10 0.0910 against twice the popularity ranking's "
+        f"{2 * POPULARITY_NDCG['val']:.4f}: met"
+    )
+    assert lines[1].endswith("by 0.0200 = 20.0 seed sds (sd 0.0010), against 5: met")
+    near = mean_of("default_uniform", [0.06, 0.074], [0.06, 0.075], [0.06, 0.076])
+    assert separation_targets({"plain_uniform": uniform, "default_uniform": near})[1].endswith(
+        "by 0.0040 = 4.0 seed sds (sd 0.0010), against 5: NOT met"
+    )
+    low = mean_of("default_uniform", [0.03, 0.06])
+    lines = separation_targets({"plain_uniform": mean_of("plain_uniform", [0.02, 0.05]), "d": low})
+    assert lines[0].endswith("NOT met") and lines[1].endswith("one seed each")
+
+
+def test_the_tower_task_has_its_own_section_where_higher_is_better(results):
+    out, grid = results
+    tower = out / TOWER.folder
+    write(tower / "curves" / "plain_uniform.csv", tower_curve("plain_uniform", [0.03, 0.05]))
+    write(tower / "curves" / "default_uniform.csv", tower_curve("default_uniform", [0.05, 0.09]))
+    write(tower / "step_cost.csv", [cost("plain_uniform", 0.6), cost("default_uniform", 2.4)])
+    write(tower / "runs.csv", [{"name": "default_uniform", "test": 0.1, "status": "ok"}])
+    text = report(out, out.parent / "quality_per_cost.md", grid).read_text()
+    section = text[text.index("## 1M items through a candidate tower") :]
+    default = TOWER.labels["default_uniform"]
+    assert f"| {default} | 0 | 21.0 | 0.0500 | 0.0900 | 390 | 0.1000 |" in section
+    # NDCG@10 >= 0.08: the default's mark 390 x 2.4 s = 15.6 min; plain uniform never
+    assert "| NDCG@10 >= 0.04 |" in section and "15.6 min (390 steps)" in section
+    assert "is 0.0% below the best mean (0.0900 vs 0.0900)" in section
+    assert (tower / TOWER.plot_name).stat().st_size > 0
+    assert reach_s([{"step": 1, "value": 0.05}], 0.04, cost("x", 1.0), TOWER) == (1, 1.0)
