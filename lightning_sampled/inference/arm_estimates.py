@@ -60,6 +60,15 @@ def read_rows(columns: Tensor, coordinates: Tensor) -> Tensor:
     return rows.view(*coordinates.shape, columns.shape[1]).float()
 
 
+def estimator_weights(x: Tensor, pi: Tensor, complement: Tensor) -> tuple[Tensor, Tensor]:
+    """fp32 weights of coordinates with query entries ``x`` sampled with inclusion probabilities
+    ``pi`` (``complement = 1 - pi``, fp64, broadcast against ``x``): ``x / pi``, which times
+    ``A_ij`` is a term of the mean (eq. 20), and ``x^2 (1 - pi) / pi^2``, which times
+    ``A_ij^2`` is a term of the variance estimate (eq. 23)."""
+    x = x.double()
+    return (x / pi).float(), (x.square() * complement / pi.square()).float()
+
+
 class ArmEstimates:
     """Estimates of ``<A_i, x_b>`` for all ``n`` arms of ``B`` queries, refined by pulling.
 
@@ -146,8 +155,8 @@ class ArmEstimates:
         pi, complement = inclusion_probabilities(
             self.log_w_sorted[:, :pulls], sample_thresholds(self.keys, [pulls])
         )
-        xs = self.x_sorted[:, :pulls].double()
-        var_w = (xs.square() * complement / pi.square()).float().unsqueeze(1)  # [B, 1, pulls]
+        _, var_w = estimator_weights(self.x_sorted[:, :pulls], pi, complement)
+        var_w = var_w.unsqueeze(1)  # [B, 1, pulls]
         queries = max(1, GATHER_CHUNK // (pulls * (self.num_arms + 1)))
         parts = []
         for start in range(0, var_w.shape[0], queries):
@@ -216,10 +225,9 @@ class ArmEstimates:
             pi, complement = inclusion_probabilities(
                 self.log_w_sorted[:, None, start:end], self.thresholds[:, block:, None]
             )
-            xs = self.x_sorted[:, None, start:end].double()
-            mean_w = (xs / pi).float()
-            var_w = (xs.square() * complement / pi.square()).float()
-            self.block_weights[block] = (mean_w, var_w)
+            self.block_weights[block] = estimator_weights(
+                self.x_sorted[:, None, start:end], pi, complement
+            )
         return self.block_weights[block]
 
     def _read(
