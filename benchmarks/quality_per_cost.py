@@ -44,6 +44,9 @@ synthetic items through a candidate tower, higher NDCG@10 is better) is run the 
 ``--tasks tower1m`` (no allocator settings: its tower has no dense ``[N, D]`` gradient), curves
 in ``quality_per_cost/tower1m/curves/``, and ``--task tower1m`` for ``--collect`` and
 ``--measure``; its Targets add issue 51's separation criteria (:func:`separation_targets`).
+The small-catalog control, MovieLens-1M SASRec (:data:`SASREC`), is the estimator grid's own
+runs: ``--from-grid --task sasrec --data DATA`` writes their curves (each epoch's validation at
+the step that ends it) into ``quality_per_cost/sasrec/``.
 """
 
 from __future__ import annotations
@@ -163,6 +166,7 @@ class TaskReport:
     lines: tuple[str, ...]
     reference: str
     not_shown: tuple[str, ...]
+    separation: bool = False
 
 
 GCIDE = TaskReport(
@@ -187,6 +191,17 @@ GCIDE = TaskReport(
     reference=FULL_REFERENCE,
     not_shown=NOT_SHOWN,
 )
+
+
+def same_runs(task: str, *names: str) -> dict[str, Run]:
+    """GCIDE's configurations ``names`` (:data:`RUNS`) on the grid's ``task``."""
+    return {n: Run(task, RUNS[n].method, 0, RUNS[n].shared, RUNS[n].convention) for n in names}
+
+
+#: the grid's configurations of MovieLens-1M SASRec that the report shows (and its full softmax)
+SASREC_NAMES = ("default_uniform", "default_midx", "plain_uniform", "plain_midx", "grouped_uniform")
+#: the configurations trained on tower1m
+TOWER_NAMES = ("default_uniform", "plain_uniform", "plain_midx", "grouped_uniform")
 #: tower1m's training steps in one epoch (50,000 users' windows in batches of 128)
 TOWER_EPOCH_STEPS = 391
 #: the most-popular ranking's NDCG@10 on tower1m's data (the same 2,000 users and items as
@@ -195,18 +210,8 @@ POPULARITY_NDCG = {"val": 0.0315, "test": 0.0395}
 TOWER = TaskReport(
     key="tower1m",
     title="1M items through a candidate tower",
-    runs={
-        "default_uniform": Run("tower1m", "uniform", 0, False, "corrected_all+batch"),
-        "plain_uniform": Run("tower1m", "uniform", 0, False, "corrected_all"),
-        "plain_midx": Run("tower1m", "midx_rq", 0, False, "corrected_all"),
-        "grouped_uniform": Run("tower1m", "uniform", 0, False, "corrected_all+rows256g32"),
-    },
-    labels={
-        "default_uniform": LABELS["default_uniform"],
-        "plain_uniform": LABELS["plain_uniform"],
-        "plain_midx": LABELS["plain_midx"],
-        "grouped_uniform": LABELS["grouped_uniform"],
-    },
+    runs=same_runs("tower1m", *TOWER_NAMES),
+    labels={n: LABELS[n] for n in TOWER_NAMES},
     epoch_steps=TOWER_EPOCH_STEPS,
     higher_is_better=True,
     metric="NDCG@10",
@@ -236,9 +241,42 @@ TOWER = TaskReport(
         "one learning rate (the recipe's, 0.001) for every head: no equal tuning budget yet",
         "no full-softmax reference (the exact head is about 200x a sampled step here)",
     ),
+    separation=True,
+)
+#: MovieLens-1M SASRec as the grid trained it (67 steps an epoch, 10 epochs), from its CSV
+SASREC = TaskReport(
+    key="sasrec",
+    title="MovieLens-1M SASRec (small-catalog control)",
+    runs=same_runs("sasrec", *SASREC_NAMES) | {"full": Run("sasrec", "full", 0)},
+    labels={n: LABELS[n] for n in SASREC_NAMES} | {"full": "full softmax (exact, chunked)"},
+    epoch_steps=67,
+    higher_is_better=True,
+    metric="NDCG@10",
+    targets=(0.06, 0.08, 0.10, 0.11),
+    digits=4,
+    folder="sasrec",
+    plot_name="sasrec_val_ndcg.png",
+    lines=(
+        "task: `sasrec` of `benchmarks.estimator_grid`: `recipes/configs/sasrec_ml-1m.yaml`, "
+        "SASRec over MovieLens-1M's 3,706 items (a batch's targets cover most of them), 100 "
+        "negatives per query, 10 epochs of 67 steps, validated exactly after every epoch",
+        "marks: the grid's own runs (`benchmarks/results/estimator_grid/estimator_grid.csv`, "
+        "each epoch's validation in `val_by_epoch`), converted by `--from-grid`: the plain "
+        "conventions and the full softmax ran on an H200, the default and its bounded form on "
+        "this CPU (quality per step does not depend on the machine; the seconds do, and are "
+        "not used here)",
+    ),
+    reference=(
+        "the full softmax's own curve above (the grid's, 10 epochs; sampled heads end above "
+        "it, so it is not a converged reference)"
+    ),
+    not_shown=(
+        "one learning rate (the recipe's) for every head",
+        "no GPU column of step costs",
+    ),
 )
 #: every task of the report, in its order
-REPORTED = {task.key: task for task in (GCIDE, TOWER)}
+REPORTED = {task.key: task for task in (GCIDE, TOWER, SASREC)}
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -252,6 +290,64 @@ def collect(run_dirs: Sequence[Path], out: Path = OUT) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     write_rows(rows, out / "runs.csv")
     return rows
+
+
+def curves_from_grid(
+    task: TaskReport, data_dir: str, grid_csv: Path = GRID_CSV, out: Path = OUT
+) -> list[Path]:
+    """Curves of ``task``'s configurations from the grid's finished runs (each epoch's
+    validation, ``val_by_epoch``, at the step that ends the epoch), and their test values in
+    ``runs.csv``, under ``out/<task.folder>``: seed ``k > 0`` as ``<name>.s<k>.csv``. The
+    candidates per position come from one epoch of the task's training batches (``data_dir``,
+    as ``estimator_grid --prepare`` writes it)."""
+    data = load_task(data_dir, task.key, "cpu", False)
+    batches = list(data.train(0))
+    distinct = statistics.fmean(
+        float(b["target"][b["target"] > 0].unique().numel()) for b in batches
+    )
+    wanted = {
+        (r.method, r.cell if r.convention else "", r.convention or ""): n
+        for n, r in task.runs.items()
+    }
+    folder = out / task.folder
+    (folder / "curves").mkdir(parents=True, exist_ok=True)
+    written, runs = [], []
+    for row in read_csv(grid_csv):
+        key = (row["method"], row["cell"] if row["convention"] else "", row["convention"])
+        name = wanted.get(key)
+        if row["task"] != task.key or row["status"] != "ok" or name is None:
+            continue
+        run = task.runs[name]
+        values = json.loads(row["val_by_epoch"])
+        every = int(row["steps"]) // len(values)
+        candidates = (
+            data.num_classes - 1
+            if run.method == "full"
+            else round(candidates_per_position(run, distinct), 1)
+        )
+        points = [
+            {
+                "task": task.key,
+                "configuration": run.convention or run.method,
+                "proposal": run.cell,
+                "seed": row["seed"],
+                "step": every * (i + 1),
+                "val": value,
+                "metric": row["metric"],
+                "wall_s": "nan",
+                "candidates": candidates,
+                "distinct_targets": round(distinct, 1),
+                **{key: row.get(key, "?") for key in ("machine", "torch", "driver", "commit")},
+            }
+            for i, value in enumerate(values)
+        ]
+        suffix = "" if row["seed"] == "0" else f".s{row['seed']}"
+        path = folder / "curves" / f"{name}{suffix}.csv"
+        write_rows(points, path)
+        written.append(path)
+        runs.append({"name": f"{name}{suffix}", **row})
+    write_rows(runs, folder / "runs.csv")
+    return written
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -510,7 +606,7 @@ def task_section(task: TaskReport, out: Path, root: str, grid_csv: Path | None) 
     lines += [
         "- seeds: " + ", ".join(sorted({p["seed"] for p in points})) + " (a configuration's "
         "marks are the mean over its seeds, ± their sample standard deviation where it has "
-        "several); 20 drawn negatives per query unless named",
+        f"several); {TASKS[task.key]['negatives']} drawn negatives per query unless named",
         "- training runs' machine: " + ", ".join(sorted({p["machine"] for p in points})),
         "- torch: " + ", ".join(sorted({p["torch"] for p in points} | _col(costs, "torch"))),
         "- commit: runs "
@@ -575,7 +671,7 @@ def task_section(task: TaskReport, out: Path, root: str, grid_csv: Path | None) 
     ]
     lines += _cost_section(curves, costs, task)
     lines += ["", "### Targets (issue 51)", "", *seed_targets(curves, task=task)]
-    if task.higher_is_better:
+    if task.separation:
         lines += separation_targets(curves, task)
     lines += ["", "### What this does not show yet", ""]
     untrained = [task.labels[n] for n in task.runs if n not in curves]
@@ -740,6 +836,11 @@ def plot(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = common.make_parser(__doc__)
     parser.add_argument("--collect", nargs="+", type=Path, help="runs' --out folders -> runs.csv")
+    parser.add_argument(
+        "--from-grid",
+        action="store_true",
+        help="the task's curves and runs.csv from the estimator grid's CSV (needs --data)",
+    )
     parser.add_argument("--measure", action="store_true", help="time every configuration's step")
     parser.add_argument("--report", action="store_true", help="write the report from the CSVs")
     parser.add_argument("--data", help="the prepared data (estimator_grid --prepare)")
@@ -761,8 +862,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--commit", help="the commit, where git cannot tell")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    if args.measure and not args.data:
-        parser.error("--measure needs --data")
+    if (args.measure or args.from_grid) and not args.data:
+        parser.error("--measure and --from-grid need --data")
     task = REPORTED[args.task]
     args.names = args.names or list(task.runs)
     unknown = [n for n in args.names if n not in task.runs]
@@ -777,12 +878,14 @@ def main(argv: list[str] | None = None) -> None:
     folder = args.out / task.folder
     if args.collect:
         print(f"collected {len(collect(args.collect, folder))} rows")
+    if args.from_grid:
+        print(f"curves: {len(curves_from_grid(task, args.data, out=args.out))} runs")
     if args.measure:
         start = time.perf_counter()
         rows = measure(args.names, args.data, args.rounds, args.steps, args.threads, task)
         path = write_step_costs(rows, folder, args.commit)
         print(f"step costs in {path} ({time.perf_counter() - start:.0f} s)")
-    if args.report or not (args.collect or args.measure):
+    if args.report or not (args.collect or args.measure or args.from_grid):
         print(f"report: {report(args.out, args.out.parent / 'quality_per_cost.md')}")
 
 

@@ -14,8 +14,10 @@ from benchmarks.quality_per_cost import (
     LABELS,
     POPULARITY_NDCG,
     RUNS,
+    SASREC,
     TOWER,
     collect,
+    curves_from_grid,
     mean_curve,
     parse_args,
     reach_s,
@@ -224,3 +226,47 @@ def test_the_tower_task_has_its_own_section_where_higher_is_better(results):
     assert "is 0.0% below the best mean (0.0900 vs 0.0900)" in section
     assert (tower / TOWER.plot_name).stat().st_size > 0
     assert reach_s([{"step": 1, "value": 0.05}], 0.04, cost("x", 1.0), TOWER) == (1, 1.0)
+
+
+def test_curves_from_the_grid_put_each_epoch_s_validation_at_its_step(tmp_path):
+    """``--from-grid``: a grid row's ``val_by_epoch`` becomes marks at the steps that end its
+    epochs, seed ``k`` in ``<name>.s<k>.csv``, its test in ``runs.csv``; rows of other tasks,
+    cells or failed runs are left out."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    windows = torch.randint(1, 50, (256, 6), generator=g, dtype=torch.int16)
+    history = torch.randint(1, 50, (12,), dtype=torch.int16)
+    data = {"num_classes": 50, "counts": torch.ones(50, dtype=torch.long)}
+    data |= {"train_input": windows, "train_target": windows}
+    for split in ("validation", "test"):
+        data |= {f"{split}_history": history, f"{split}_lengths": torch.tensor([6, 6])}
+        data |= {f"{split}_target": torch.tensor([3, 4])}
+    torch.save(data, tmp_path / "ml-1m.pt")
+    row = {"task": "sasrec", "method": "uniform", "seed": "0", "shared": "False"}
+    row |= {"convention": "corrected_all", "cell": "uniform, per query", "metric": "ndcg@10"}
+    row |= {"steps": "20", "val_by_epoch": "[0.02, 0.05]", "test": "0.06", "status": "ok", **STAMP}
+    rows = [
+        row,
+        {**row, "seed": "1", "val_by_epoch": "[0.03, 0.07]", "test": "0.08"},
+        {**row, "method": "full", "convention": "", "cell": "full"},
+        {**row, "task": "gru4rec"},
+        {**row, "cell": "uniform, shared by the batch"},
+        {**row, "seed": "2", "status": "error: boom"},
+    ]
+    write(tmp_path / "grid.csv", rows)
+    written = curves_from_grid(SASREC, str(tmp_path), tmp_path / "grid.csv", tmp_path / "out")
+    assert sorted(p.name for p in written) == [
+        "full.csv",
+        "plain_uniform.csv",
+        "plain_uniform.s1.csv",
+    ]
+    with (tmp_path / "out" / "sasrec" / "curves" / "plain_uniform.s1.csv").open() as f:
+        marks = list(csv.DictReader(f))
+    assert [(m["step"], float(m["val"])) for m in marks] == [("10", 0.03), ("20", 0.07)]
+    assert marks[0]["candidates"] == "101.0" and marks[0]["commit"] == "abc1234"
+    with (tmp_path / "out" / "sasrec" / "curves" / "full.csv").open() as f:
+        assert next(csv.DictReader(f))["candidates"] == "49"  # every class but padding
+    with (tmp_path / "out" / "sasrec" / "runs.csv").open() as f:
+        tests = {r["name"]: r["test"] for r in csv.DictReader(f)}
+    assert tests == {"plain_uniform": "0.06", "plain_uniform.s1": "0.08", "full": "0.06"}
