@@ -81,7 +81,8 @@ class InBatchNegatives(NamedTuple):
         ids: long ``[U]`` the candidates' rows of the head's table.
         candidates: their :class:`~lightning_sampled.ops.in_batch.BatchCandidates` (counts,
             each position's column).
-        log_q: ``[U]`` their ``log q`` under the sampler, ``None`` where the head draws none.
+        log_q: ``[U]`` their ``log q`` under the sampler, or ``[T, U]`` under a proposal that
+            depends on the query (MIDX), ``None`` where the head draws none.
     """
 
     ids: Tensor
@@ -104,9 +105,11 @@ class InBatchNegatives(NamedTuple):
         return self.log_q is None or self.log_q.dim() == 1
 
     def rows(self, block: slice) -> InBatchNegatives:
-        """The same candidates for the rows ``block``: their own columns."""
+        """The same candidates for the rows ``block``: their own columns, and their rows of a
+        per-query ``log_q``."""
         candidates = self.candidates._replace(column=self.candidates.column[block])
-        return InBatchNegatives(self.ids, candidates, self.log_q)
+        log_q = self.log_q if self.shared_by_rows else self.log_q[block]
+        return InBatchNegatives(self.ids, candidates, log_q)
 
     def columns(
         self, logits: Tensor, log_size: Tensor, convention: Convention, hits: Tensor

@@ -15,7 +15,7 @@ from torch import nn
 from lightning_sampled.heads import OneVsEachHead, SampledSoftmaxHead
 from lightning_sampled.ops import chunked, row_gradients
 from lightning_sampled.ops.row_gradients import RowGradientSink
-from lightning_sampled.samplers import UniformSampler, UnigramSampler
+from lightning_sampled.samplers import MIDXSampler, UniformSampler, UnigramSampler
 
 N, D, M = 60, 8, 6
 B, L = 4, 10  # T = 40 positions
@@ -49,11 +49,20 @@ HEADS = {
     "grouped_per_query": lambda: SampledSoftmaxHead(
         N, D, PerQueryUniform(N), M, max_in_batch_draws=7, in_batch_group_size=5
     ),
+    # the default with MIDX: its in-batch columns' log q is [T, U], one row per query, so a
+    # block takes its own rows of it
+    "default_midx": lambda: indexed(SampledSoftmaxHead(N, D, MIDXSampler(N, 3, kmeans_iters=2), M)),
     "normalized": lambda: SampledSoftmaxHead(N, D, num_negatives=M, normalize=True),
     "sparse": lambda: SampledSoftmaxHead(N, D, num_negatives=M, sparse_grad=True),
     "tower": lambda: SampledSoftmaxHead(N, D, num_negatives=M, candidate_encoder=tower()),
     "one_vs_each": lambda: OneVsEachHead(N, D, num_negatives=M),
 }
+
+
+def indexed(head: SampledSoftmaxHead) -> SampledSoftmaxHead:
+    """``head`` with its proposal's index built from its table."""
+    head.refresh_index()
+    return head
 
 
 class PerQueryUniform(UniformSampler):
