@@ -320,11 +320,7 @@ def curves_from_grid(
         run = task.runs[name]
         values = json.loads(row["val_by_epoch"])
         every = int(row["steps"]) // len(values)
-        candidates = (
-            data.num_classes - 1
-            if run.method == "full"
-            else round(candidates_per_position(run, distinct), 1)
-        )
+        candidates = scored_columns(run, distinct, data.num_classes)
         points = [
             {
                 "task": task.key,
@@ -348,6 +344,15 @@ def curves_from_grid(
         runs.append({"name": f"{name}{suffix}", **row})
     write_rows(runs, folder / "runs.csv")
     return written
+
+
+def scored_columns(run: Run, distinct: float, num_classes: int) -> float:
+    """The columns a position of ``run`` scores: every class but padding for the full softmax,
+    else :func:`~benchmarks.estimator_grid.candidates_per_position` with the batches' mean
+    ``distinct`` targets."""
+    if run.method == "full":
+        return num_classes - 1
+    return round(candidates_per_position(run, distinct), 1)
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -409,7 +414,7 @@ def measure(
             "name": name,
             "configuration": task.runs[name].convention,
             "proposal": task.runs[name].cell,
-            "candidates": round(candidates_per_position(task.runs[name], distinct), 1),
+            "candidates": scored_columns(task.runs[name], distinct, data.num_classes),
             "median_step_s": statistics.median(item.steps),
             "min_step_s": min(item.steps),
             "max_step_s": max(item.steps),
@@ -732,11 +737,14 @@ def _cost_section(
     if not costs:
         return [*lines, "Not measured yet.", ""]
     first = next(iter(costs.values()))
+    # the candidates the training runs scored (their marks), where they exist
+    columns = {name: curve[-1]["candidates"] for name, curve in curves.items()}
     lines += [
         f"Whole training step at {task.title}'s shape, medians of {first['rounds']} interleaved "
         f"rounds of steps; machine {first['machine']}, torch {first['torch']}, commit "
         f"{first['commit']}; load average (1, 5, 15 min) {first['load_start']} at the start and "
-        f"{first['load_end']} at the end of the measurement.",
+        f"{first['load_end']} at the end of the measurement. Candidates / position: the "
+        "training runs' (their marks), else the timed batches'.",
         "",
         "| configuration | candidates / position | median step s | min-max s | refresh s "
         "| epoch s (steps + refreshes) |",
@@ -751,7 +759,7 @@ def _cost_section(
             float(cost["refresh_s"]),
         )
         lines.append(
-            f"| {task.labels.get(name, name)} | {cost['candidates']} | "
+            f"| {task.labels.get(name, name)} | {columns.get(name, cost['candidates'])} | "
             f"{float(cost['median_step_s']):.3f} | {float(cost['min_step_s']):.3f}-"
             f"{float(cost['max_step_s']):.3f} | {float(cost['refresh_s']):.2f} | {epoch:,.0f} |"
         )
