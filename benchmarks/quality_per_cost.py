@@ -444,17 +444,23 @@ def write_step_costs(rows: Sequence[dict], out: Path = OUT, commit: str | None =
 # ------------------------------------------------------------------------------------ the report
 def seeds_by_name(out: Path, task: TaskReport = GCIDE) -> dict[str, dict[str, list[dict]]]:
     """Each configuration's runs by seed: ``out/curves/<name>.csv`` and ``<name>.s<k>.csv``
-    (another seed of the same configuration), each run's marks in step order, values as
+    (another seed of the same configuration; a file may also hold several seeds, as one
+    ``estimator_grid --seeds`` call writes them), each run's marks in step order, values as
     numbers, in ``task``'s order of configurations."""
     runs: dict[str, dict[str, list[dict]]] = {}
     for path in sorted((out / "curves").glob("*.csv")):
-        points = [
-            {**r, "step": int(r["step"]), "value": float(r["val"]), "wall_s": float(r["wall_s"])}
-            for r in read_csv(path)
-        ]
-        if points:
-            name = path.stem.split(".")[0]
-            runs.setdefault(name, {})[points[0]["seed"]] = sorted(points, key=lambda p: p["step"])
+        name = path.stem.split(".")[0]
+        for r in read_csv(path):
+            point = {
+                **r,
+                "step": int(r["step"]),
+                "value": float(r["val"]),
+                "wall_s": float(r["wall_s"]),
+            }
+            runs.setdefault(name, {}).setdefault(r["seed"], []).append(point)
+    for seeds in runs.values():
+        for curve in seeds.values():
+            curve.sort(key=lambda p: p["step"])
     order = list(task.runs)
     return dict(sorted(runs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))
 

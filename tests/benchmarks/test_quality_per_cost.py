@@ -270,3 +270,13 @@ def test_curves_from_the_grid_put_each_epoch_s_validation_at_its_step(tmp_path):
     with (tmp_path / "out" / "sasrec" / "runs.csv").open() as f:
         tests = {r["name"]: r["test"] for r in csv.DictReader(f)}
     assert tests == {"plain_uniform": "0.06", "plain_uniform.s1": "0.08", "full": "0.06"}
+
+
+def test_a_curve_file_may_hold_several_seeds(results):
+    """One ``estimator_grid --seeds 0 1`` call writes both seeds' marks into one CSV."""
+    out, grid = results
+    both = curve("plain_uniform", [200, 90], 21.0) + curve("plain_uniform", [220, 94], 21.0, 1)
+    write(out / "curves" / "plain_uniform.csv", both)
+    text = report(out, out.parent / "quality_per_cost.md", grid).read_text()
+    plain = LABELS["plain_uniform"]
+    assert f"| {plain} | 0, 1 | 21.0 | 210.00 ± 14.14 | 92.00 ± 2.83 | — |" in text
