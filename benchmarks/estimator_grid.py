@@ -21,7 +21,7 @@ checkpoint, as ``recipes.compare`` does.
 
 Outside the grid (``--tasks tower1m``, issue 51): ``tower1m``, SASRec over 1,000,000 synthetic
 items whose vectors come from a candidate tower over the items' features
-(``recipes/configs/sasrec_synthetic-1m-tower.yaml``, :mod:`recipes.towers`), 3 epochs of 391
+(``recipes/configs/sasrec_synthetic-1m-tower.yaml``, :mod:`recipes.towers`), 3 epochs of 390
 steps validated every 195 steps over all 1M items (the first 2,000 users), 20 negatives.
 
 The recipes' models, heads, samplers, callbacks (``IndexRefresh``) and optimizer are used as they
@@ -113,7 +113,8 @@ TASKS = {
         "epochs": 3,
         "negatives": 20,
         "metric": "ndcg@10",
-        "val_every": 195,  # half an epoch of 391 steps: marks at 195, 390, ..., 1,170
+        # half an epoch of 390 steps (the last short batch dropped): marks at 195, ..., 1,170
+        "val_every": 195,
     },
 }
 #: the tasks of issue 31's grid: the default of --tasks
