@@ -280,3 +280,15 @@ def test_a_curve_file_may_hold_several_seeds(results):
     text = report(out, out.parent / "quality_per_cost.md", grid).read_text()
     plain = LABELS["plain_uniform"]
     assert f"| {plain} | 0, 1 | 21.0 | 210.00 ± 14.14 | 92.00 ± 2.83 | — |" in text
+
+
+def test_separation_is_judged_where_every_seeded_configuration_has_all_its_seeds():
+    """A seed cut short (seed 1 of the default stops at step 195) moves the judgement to the
+    last mark it reached, not to seed 0's later marks."""
+    uniform = mean_of("plain_uniform", [0.05, 0.070], [0.05, 0.072], [0.05, 0.071])
+    longer = points(tower_curve("default_uniform", [0.060, 0.091, 0.095]))
+    default = mean_curve({"0": longer, "1": points(tower_curve("default_uniform", [0.062], 1))})
+    lines = separation_targets({"plain_uniform": uniform, "default_uniform": default})
+    assert lines[0].startswith("- step 195: the best, ")
+    assert "has val NDCG@10 0.0610" in lines[0] and lines[0].endswith("NOT met")  # < 0.063
+    assert "by 0.0110 = 7.8 seed sds (sd 0.0014), against 5: met" in lines[1]
