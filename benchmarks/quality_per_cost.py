@@ -614,7 +614,7 @@ def task_section(task: TaskReport, out: Path, root: str, grid_csv: Path | None) 
     """One task's part of the report (and its plot, ``out/<plot_name>``)."""
     seeds = seeds_by_name(out, task)
     curves = {name: mean_curve(runs) for name, runs in seeds.items()}
-    runs = {r["name"]: r for r in read_csv(out / "runs.csv")}
+    runs = read_csv(out / "runs.csv")
     costs = {r["name"]: r for r in read_csv(out / "step_cost.csv")}
     loads = read_csv(out / "load_during_runs.csv")
     grid = grid_at_2000(grid_csv) if grid_csv is not None else {}
@@ -638,8 +638,8 @@ def task_section(task: TaskReport, out: Path, root: str, grid_csv: Path | None) 
         lines.append(
             f"- load during the runs (1-minute average, {len(load1)} samples from "
             f"{loads[0]['utc']} to {loads[-1]['utc']}): median {statistics.median(load1):.2f}, "
-            f"range {min(load1):.2f}-{max(load1):.2f} on 2 cores (two trainings, one thread "
-            "each, beside other work)"
+            f"range {min(load1):.2f}-{max(load1):.2f} on 2 cores (trainings of one thread "
+            "each, several at a time, beside other work)"
         )
     metric = "perplexity" if task.metric == "ppl" else task.metric
     test = f"test {task.metric} (best mark)"
@@ -700,11 +700,16 @@ def task_section(task: TaskReport, out: Path, root: str, grid_csv: Path | None) 
             "measured above where the table lists them): " + "; ".join(untrained)
         )
     total = task.epoch_steps * TASKS[task.key]["epochs"]
-    short = {n: c[-1]["step"] for n, c in curves.items() if c[-1]["step"] < total - 3}
+    short = [
+        f"{task.labels.get(name, name)} seed {seed} step {curve[-1]['step']:,}"
+        for name, by_seed in seeds.items()
+        for seed, curve in sorted(by_seed.items())
+        if curve[-1]["step"] < total - 3
+    ]
     if short:
         lines.append(
-            f"- the whole run ({total:,} steps): the runs stopped at "
-            + ", ".join(f"{task.labels.get(n, n)} step {s:,}" for n, s in short.items())
+            f"- the whole run ({total:,} steps): runs stopped at " + ", ".join(short) + "; a "
+            "configuration's test value is each seed's at its own best mark, whatever its length"
         )
     few = {n: len(r) for n, r in seeds.items() if len(r) < 3}
     if few:
@@ -718,10 +723,10 @@ def task_section(task: TaskReport, out: Path, root: str, grid_csv: Path | None) 
     return [*lines, ""]
 
 
-def _runs_of(runs: dict[str, dict], name: str) -> list[dict]:
-    """The finished runs of configuration ``name`` (``runs.csv`` keys ``name`` and
-    ``name.s<k>``)."""
-    return [r for key, r in runs.items() if key.split(".")[0] == name and r.get("status") == "ok"]
+def _runs_of(runs: list[dict], name: str) -> list[dict]:
+    """The finished runs of configuration ``name`` (``runs.csv`` rows named ``name`` or
+    ``name.s<k>``; one folder may hold several seeds)."""
+    return [r for r in runs if r["name"].split(".")[0] == name and r.get("status") == "ok"]
 
 
 def _values(values: list[float], digits: int) -> str:

@@ -277,9 +277,17 @@ def test_a_curve_file_may_hold_several_seeds(results):
     out, grid = results
     both = curve("plain_uniform", [200, 90], 21.0) + curve("plain_uniform", [220, 94], 21.0, 1)
     write(out / "curves" / "plain_uniform.csv", both)
+    # its runs.csv rows: one folder, both seeds named after it
+    two = [{"name": "plain_uniform", "test": t, "status": "ok"} for t in (90.0, 94.0)]
+    write(out / "runs.csv", two)
     text = report(out, out.parent / "quality_per_cost.md", grid).read_text()
     plain = LABELS["plain_uniform"]
-    assert f"| {plain} | 0, 1 | 21.0 | 210.00 ± 14.14 | 92.00 ± 2.83 | — |" in text
+    assert (
+        f"| {plain} | 0, 1 | 21.0 | 210.00 ± 14.14 | 92.00 ± 2.83 | — | 2,000 | 92.00 ± 2.83 (2) |"
+        in text
+    )
+    # seed 1 of plain uniform stopped at 2,000 of 8,581 steps: said per seed
+    assert f"{plain} seed 0 step 2,000, {plain} seed 1 step 2,000; a configuration" in text
 
 
 def test_separation_is_judged_where_every_seeded_configuration_has_all_its_seeds():
