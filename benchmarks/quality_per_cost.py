@@ -849,7 +849,7 @@ def plot(
         )
     else:
         ax.axhline(POPULARITY_NDCG["val"], color="grey", linestyle="--", label="popularity")
-        ax.set_xlabel(f"training step ({task.epoch_steps} a epoch)")
+        ax.set_xlabel(f"training step ({task.epoch_steps} an epoch)")
         ax.set_ylabel(f"validation {task.metric} (exact, all items)")
         ax.set_title(f"{task.title}, steps up to {last:,}; seeds {names} (lines: mean)")
     ax.grid(True, which="both", alpha=0.3)
