@@ -523,10 +523,13 @@ def drawn_negatives(run: Run) -> int:
     return int(options.get("num_negatives", TASKS[run.task]["negatives"]))
 
 
-def candidates_per_position(run: Run, distinct_targets: float) -> float:
+def candidates_per_position(run: Run, distinct_targets: float, num_classes: int) -> float:
     """The columns a position scores: the positive and ``M`` draws, or with in-batch negatives
     the ``M`` draws and the batch's ``U`` distinct targets (the positive one of them), or
-    under ``max_in_batch_draws=K`` its ``K`` draws from the batch."""
+    under ``max_in_batch_draws=K`` its ``K`` draws from the batch; the full softmax every one
+    of the task's ``num_classes`` but the recommenders' padding item."""
+    if run.method == "full":
+        return num_classes - (run.task not in LANGUAGE_MODELS)
     options = CONFIGURATIONS.get(run.convention or "", {})
     if not options.get("in_batch_negatives"):
         return 1.0 + drawn_negatives(run)
@@ -572,7 +575,9 @@ class MarkLog(L.Callback):
             "val": float(trainer.callback_metrics[self.monitor]),
             "metric": TASKS[self.run.task]["metric"],
             "wall_s": round(time.perf_counter() - self.start, 1),
-            "candidates": round(candidates_per_position(self.run, distinct), 1),
+            "candidates": round(
+                candidates_per_position(self.run, distinct, pl_module.num_classes), 1
+            ),
             "distinct_targets": round(distinct, 1),
             **{key: self.stamp.get(key, "?") for key in STAMP},
         }

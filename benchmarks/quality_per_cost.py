@@ -320,7 +320,7 @@ def curves_from_grid(
         run = task.runs[name]
         values = json.loads(row["val_by_epoch"])
         every = int(row["steps"]) // len(values)
-        candidates = scored_columns(run, distinct, data.num_classes)
+        candidates = round(candidates_per_position(run, distinct, data.num_classes), 1)
         points = [
             {
                 "task": task.key,
@@ -344,15 +344,6 @@ def curves_from_grid(
         runs.append({"name": f"{name}{suffix}", **row})
     write_rows(runs, folder / "runs.csv")
     return written
-
-
-def scored_columns(run: Run, distinct: float, num_classes: int) -> float:
-    """The columns a position of ``run`` scores: every class but padding for the full softmax,
-    else :func:`~benchmarks.estimator_grid.candidates_per_position` with the batches' mean
-    ``distinct`` targets."""
-    if run.method == "full":
-        return num_classes - 1
-    return round(candidates_per_position(run, distinct), 1)
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -414,7 +405,9 @@ def measure(
             "name": name,
             "configuration": task.runs[name].convention,
             "proposal": task.runs[name].cell,
-            "candidates": scored_columns(task.runs[name], distinct, data.num_classes),
+            "candidates": round(
+                candidates_per_position(task.runs[name], distinct, data.num_classes), 1
+            ),
             "median_step_s": statistics.median(item.steps),
             "min_step_s": min(item.steps),
             "max_step_s": max(item.steps),

@@ -95,7 +95,6 @@ class ItemTower(nn.Module):
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if class_counts is not None and len(class_counts) != num_items:
             raise ValueError(f"class_counts must have {num_items} entries, got {len(class_counts)}")
-        self.num_items = num_items
         self.dense = nn.Linear(feature_dim, dim, bias=False)
         self.category = nn.Embedding(num_categories, dim)
         self.popularity = nn.Embedding(num_buckets, dim)

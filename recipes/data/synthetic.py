@@ -152,6 +152,14 @@ class ClusterLayout:
         mass = cum[offsets[1:]] - cum[offsets[:-1]]
         return cls(order, offsets, cum, mass, np.cumsum(mass) / mass.sum())
 
+    def draw(self, rng: np.random.Generator, clusters: np.ndarray, size: int) -> np.ndarray:
+        """``[U, size]`` items of each of the ``[U]`` ``clusters``, drawn by popularity."""
+        lo, mass = self.cum[self.offsets[clusters]], self.mass[clusters]
+        u = lo[:, None] + rng.random((len(clusters), size)) * mass[:, None]
+        pos = np.searchsorted(self.cum, u, side="right") - 1
+        low, high = self.offsets[clusters][:, None], self.offsets[clusters + 1][:, None] - 1
+        return self.order[np.clip(pos, low, high)]
+
 
 def generate(spec: SyntheticSpec) -> tuple[np.ndarray, World]:
     """Draws the world and every user's sequence (deterministic in ``spec.seed``).
@@ -164,26 +172,10 @@ def generate(spec: SyntheticSpec) -> tuple[np.ndarray, World]:
     world = draw_world(spec, rng)
     n, cluster, vectors, neighbors = spec.num_items, world.cluster, world.vectors, world.neighbors
     layout = ClusterLayout.of(cluster, world.popularity, spec.num_clusters)
-    order, offsets, cum, cluster_pop, cluster_cdf = (
-        layout.order,
-        layout.offsets,
-        layout.cum,
-        layout.mass,
-        layout.cdf,
-    )
-
-    def in_cluster(clusters: np.ndarray, size: int) -> np.ndarray:
-        """``[U, size]`` items of each row's cluster, drawn by popularity."""
-        lo, mass = cum[offsets[clusters]], cluster_pop[clusters]
-        u = lo[:, None] + rng.random((len(clusters), size)) * mass[:, None]
-        pos = np.searchsorted(cum, u, side="right") - 1
-        pos = np.clip(pos, offsets[clusters][:, None], offsets[clusters + 1][:, None] - 1)
-        return order[pos]
-
     users, length = spec.num_users, spec.seq_len
     seqs = np.zeros((users, length), dtype=np.int64)
     rows = np.arange(users)
-    seqs[:, 0] = in_cluster(draw_clusters(rng, cluster_cdf, (users,)), 1)[:, 0]
+    seqs[:, 0] = layout.draw(rng, draw_clusters(rng, layout.cdf, (users,)), 1)[:, 0]
     for t in range(1, length):
         recent = seqs[:, max(0, t - spec.window) : t]
         ref = recent[rows, rng.integers(recent.shape[1], size=users)]
@@ -191,9 +183,9 @@ def generate(spec: SyntheticSpec) -> tuple[np.ndarray, World]:
         r = rng.random(users)
         jump = (r >= spec.stay) & (r < spec.stay + spec.jump)
         move = r >= spec.stay + spec.jump
-        nxt[jump] = draw_clusters(rng, cluster_cdf, (int(jump.sum()),))
+        nxt[jump] = draw_clusters(rng, layout.cdf, (int(jump.sum()),))
         nxt[move] = neighbors[nxt[move], rng.integers(spec.num_neighbors, size=int(move.sum()))]
-        cand = in_cluster(nxt, spec.num_candidates)  # [U, M]
+        cand = layout.draw(rng, nxt, spec.num_candidates)  # [U, M]
         query = vectors[recent].mean(axis=1)  # [U, d]
         score = np.einsum("umd,ud->um", vectors[cand], query) / spec.temperature
         score += rng.gumbel(size=score.shape)

@@ -168,13 +168,22 @@ def test_issue_51_configurations_reach_the_head_with_their_own_draw_counts():
     head = method_of(matched).head(1000, 8)
     assert head.num_negatives == GCIDE_MATCHED and head.shared_negatives
     assert not head.in_batch_negatives
-    # candidates a position scores: 1 + M, or M + the batch's distinct targets
-    assert candidates_per_position(matched, 381.6) == 1 + GCIDE_MATCHED
+    # candidates a position scores: 1 + M, or M + the batch's distinct targets; the full
+    # softmax every class (a recommender's padding item excluded)
+    words = 108_620
+    assert candidates_per_position(matched, 381.6, words) == 1 + GCIDE_MATCHED
     default = Run("gcide", "uniform", 0, False, "corrected_all+batch")
-    assert candidates_per_position(default, 381.6) == 20 + 381.6
-    assert candidates_per_position(Run("gcide", "uniform", 0, False, "batch_only"), 300) == 300
+    assert candidates_per_position(default, 381.6, words) == 20 + 381.6
+    batch_only = Run("gcide", "uniform", 0, False, "batch_only")
+    assert candidates_per_position(batch_only, 300, words) == 300
     limited = Run("ptb", "uniform", 0, False, "corrected_all+rows256")
-    assert candidates_per_position(limited, 381.6) == candidates_per_position(limited, 90) == 276
+    assert (
+        candidates_per_position(limited, 381.6, 10_000)
+        == candidates_per_position(limited, 90, 10_000)
+        == 276
+    )
+    assert candidates_per_position(Run("gcide", "full", 0), 381.6, words) == words
+    assert candidates_per_position(Run("sasrec", "full", 0), 2_618, 3_707) == 3_706
     assert method_of(limited).head(1000, 8).max_in_batch_draws == 256
     grouped = method_of(Run("sasrec", "uniform", 0, False, "corrected_all+rows256g32"))
     assert grouped.head(1000, 8).in_batch_group_size == 32
@@ -200,13 +209,14 @@ def test_mark_log_appends_a_row_per_validation_mark(tmp_path):
     run = Run("gcide", "uniform", 0, False, "corrected_all+batch")
     log = MarkLog(tmp_path / "c.csv", run, "val/ppl", {"machine": "m", "commit": "abc"})
     trainer = SimpleNamespace(sanity_checking=False, global_step=0, callback_metrics={})
+    model = SimpleNamespace(num_classes=108_620)
     for step, targets in ((1, [[1, 1, 2], [3, -100, 2]]), (2, [[4, 4, 4], [4, 4, 4]])):
         log.on_train_batch_start(trainer, None, {"target": torch.tensor(targets)}, step - 1)
         trainer.global_step = step
         trainer.callback_metrics = {"val/ppl": torch.tensor(100.0 / step)}
-        log.on_validation_epoch_end(trainer, None)
+        log.on_validation_epoch_end(trainer, model)
     trainer.sanity_checking = True  # the sanity check is no mark
-    log.on_validation_epoch_end(trainer, None)
+    log.on_validation_epoch_end(trainer, model)
     with (tmp_path / "c.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["step"], float(r["val"])) for r in rows] == [("1", 100.0), ("2", 50.0)]
